@@ -1,0 +1,70 @@
+"""KV cache: accepted prefixes and tree paths, overflow errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tlt_jax.models import CacheOverflowError, check_overflow, commit, init_cache
+
+
+def _valid_equal(c1, c2):
+  np.testing.assert_array_equal(c1.lengths_B, c2.lengths_B)
+  for b, n in enumerate(np.asarray(c1.lengths_B)):
+    for a, z in zip(c1.k + c1.v, c2.k + c2.v):
+      np.testing.assert_allclose(a[b, :n], z[b, :n], atol=1e-6)
+
+
+def _prefilled(model, toks, n):
+  return commit(model(toks, init_cache(model.cfg, toks.shape[0], 20)).cache, jnp.full((toks.shape[0],), n))
+
+
+def test_keeping_an_accepted_prefix_equals_writing_only_that_prefix(small_model):
+  toks = jax.random.randint(jax.random.key(0), (2, 10), 3, 53)
+  cache = _prefilled(small_model, toks[:, :4], 4)
+  n_accept = jnp.array([2, 5])
+  kept = commit(small_model(toks[:, 4:10], cache).cache, n_accept)
+  for b in range(2):
+    n = int(n_accept[b])
+    ref = commit(small_model(toks[b:b + 1, 4:4 + n], jax.tree.map(lambda x: x[b:b + 1], cache)).cache,
+                 jnp.array([n]))
+    _valid_equal(jax.tree.map(lambda x: x[b:b + 1], kept), ref)
+
+
+def test_keeping_a_tree_path_equals_writing_the_path(small_model):
+  # Chain 0 -> 2 -> 3 in a tree where node 1 is a sibling of node 2.
+  parents = [-1, 0, 0, 2]
+  anc = jnp.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], bool)
+  depth = jnp.array([0, 1, 1, 2])
+  toks = jax.random.randint(jax.random.key(1), (1, 8), 3, 53)
+  cache = _prefilled(small_model, toks[:, :4], 4)
+  tree = toks[:, 4:8]
+  out = small_model(tree, cache, tree_mask_TxT=anc, depth_T=depth)
+  kept = commit(out.cache, jnp.array([3]), accept_idx_BxA=jnp.array([[0, 2, 3, 1]]))
+  path = tree[:, jnp.array([0, 2, 3])]
+  ref = commit(small_model(path, cache).cache, jnp.array([3]))
+  _valid_equal(kept, ref)
+  assert parents  # documented structure
+
+
+def test_write_past_end_raises_eagerly(small_model):
+  cache = init_cache(small_model.cfg, 1, 8)
+  cache = commit(small_model(jnp.ones((1, 6), jnp.int32), cache).cache, jnp.array([6]))
+  with pytest.raises(CacheOverflowError, match="past its end"):
+    small_model(jnp.ones((1, 3), jnp.int32), cache)
+
+
+def test_write_past_end_under_jit_is_flagged_and_raises_at_sync(small_model):
+  from flax import nnx
+  graphdef, state = nnx.split(small_model)
+
+  @jax.jit
+  def step(state, cache, toks):
+    return nnx.merge(graphdef, state)(toks, cache).cache
+
+  cache = commit(step(state, init_cache(small_model.cfg, 2, 8), jnp.ones((2, 6), jnp.int32)),
+                 jnp.array([6, 4]))
+  cache = step(state, cache, jnp.ones((2, 3), jnp.int32))
+  np.testing.assert_array_equal(cache.overflow_B, [True, False])
+  with pytest.raises(CacheOverflowError, match="rows \\[0\\]"):
+    check_overflow(cache)

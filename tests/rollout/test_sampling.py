@@ -1,0 +1,66 @@
+"""The processed distribution and addressed Gumbel-max sampling."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.statistics import chi_square_pvalue
+
+from tlt_jax.rollout.sampling import SamplingParams, processed_logprobs, sample
+
+LOGITS = jnp.array([2.0, 1.5, 1.0, 0.2, -0.5, -1.0])
+
+
+def test_top_k_and_top_p_supports():
+  lp = processed_logprobs(LOGITS, SamplingParams(temperature=1.0, top_k=3))
+  assert np.isfinite(lp[:3]).all() and np.isneginf(lp[3:]).all()
+  p = jax.nn.softmax(LOGITS)
+  # top_p just above the first two tokens' mass keeps exactly three tokens.
+  lp = processed_logprobs(LOGITS, SamplingParams(temperature=1.0, top_p=float(p[:2].sum()) + 1e-3))
+  assert np.isfinite(lp[:3]).all() and np.isneginf(lp[3:]).all()
+  np.testing.assert_allclose(jnp.exp(lp).sum(), 1.0, atol=1e-6)
+  lp = processed_logprobs(LOGITS, SamplingParams(temperature=0.5))
+  np.testing.assert_allclose(lp, jax.nn.log_softmax(LOGITS / 0.5), atol=1e-6)
+
+
+def _empirical(params, n=40000):
+  ids = jnp.arange(n)
+  logits = jnp.broadcast_to(LOGITS, (n, LOGITS.shape[0]))
+  toks, lp = jax.jit(lambda k: sample(logits, params, k, ids, jnp.zeros(n, jnp.int32)))(
+      jax.random.key(0))
+  return np.bincount(np.asarray(toks), minlength=6) / n, toks, lp
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, top_p=0.9),
+                                    SamplingParams(temperature=0.7, top_k=4)])
+def test_sampling_matches_processed_distribution(params):
+  """Chi-square goodness of fit at significance 1e-3 with 40k draws (fixed seed)."""
+  freq, toks, lp = _empirical(params)
+  want = np.asarray(jnp.exp(processed_logprobs(LOGITS, params)))
+  assert chi_square_pvalue(freq * 40000, want) > 1e-3
+  # The same test rejects a subtly wrong distribution: tempered but not truncated.
+  wrong = np.asarray(jax.nn.softmax(LOGITS / params.temperature))
+  assert chi_square_pvalue(freq * 40000, wrong) < 1e-6
+  np.testing.assert_allclose(lp, processed_logprobs(LOGITS, params)[toks], atol=1e-6)
+
+
+def test_noise_is_addressed_by_sample_and_position():
+  params = SamplingParams(temperature=1.0)
+  logits = jnp.zeros((4, 50))
+  key = jax.random.key(3)
+  a, _ = sample(logits, params, key, jnp.array([0, 1, 2, 3]), jnp.array([5, 5, 5, 5]))
+  b, _ = sample(logits[::-1], params, key, jnp.array([3, 2, 1, 0]), jnp.array([5, 5, 5, 5]))
+  np.testing.assert_array_equal(a, b[::-1])
+  c, _ = sample(logits, params, key, jnp.array([0, 1, 2, 3]), jnp.array([6, 6, 6, 6]))
+  assert not np.array_equal(a, c)
+
+
+def test_greedy_is_argmax_and_bad_params_raise():
+  toks, _ = sample(LOGITS[None], SamplingParams(temperature=0.0), jax.random.key(0),
+                   jnp.array([0]), jnp.array([0]))
+  assert int(toks[0]) == 0
+  with pytest.raises(ValueError, match="top_p"):
+    SamplingParams(top_p=0.0)
+  with pytest.raises(ValueError, match="temperature"):
+    SamplingParams(temperature=-1)

@@ -1,0 +1,52 @@
+"""The built-in task: tokenizer, reward, and the length tail of its solutions."""
+
+import numpy as np
+import pytest
+
+from tlt_jax.tasks import arithmetic
+from tlt_jax.tasks.tokenizer import CharTokenizer
+
+
+def test_tokenizer_round_trips_and_rejects_foreign_characters():
+  tok = CharTokenizer()
+  for p in arithmetic.make_problems(50, arithmetic.TaskConfig(), seed=0):
+    assert tok.decode(tok.encode(p.prompt + p.solution)) == p.prompt + p.solution
+  assert tok.decode(tok.encode("1+2=3;") + [tok.eos_id] + tok.encode("99")) == "1+2=3;"
+  with pytest.raises(ValueError, match="not in the task alphabet"):
+    tok.encode("x")
+
+
+def test_solutions_are_correct_and_rewarded():
+  for p in arithmetic.make_problems(200, arithmetic.TaskConfig(), seed=1):
+    total = eval(p.prompt[:-1])  # the chain itself, left to right
+    assert p.answer == total
+    assert arithmetic.reward(p.solution, p.answer) == 1.0
+    assert p.solution.count(";") == p.steps
+
+
+@pytest.mark.parametrize("response,reward", [
+    ("3+4=7;#7", 1.0),
+    ("3+4=7;#8", 0.0),          # wrong answer
+    ("3+4=8;#7", 1.0),          # scratchpad slip, right final answer: the final answer is graded
+    ("#7", 1.0),
+    ("3+4=7;", 0.0),            # no final answer
+    ("3+4=7;#7#7", 0.0),        # two answers
+    ("3+4=7#7", 0.0),           # malformed step
+    ("3+4=7;#", 0.0),
+    ("3+4=7;# 7", 0.0),
+    ("", 0.0),
+])
+def test_reward_on_correct_wrong_and_malformed(response, reward):
+  assert arithmetic.reward(response, 7) == reward
+
+
+def test_solution_lengths_are_long_tailed():
+  lens = np.array([len(p.solution) + 1 for p in arithmetic.make_problems(
+      4000, arithmetic.TaskConfig(), seed=2)])
+  assert np.percentile(lens, 99) >= 5 * np.percentile(lens, 50)
+  assert lens.max() <= arithmetic.TaskConfig().max_solution_chars() + 1
+
+
+def test_bad_task_config_is_a_clear_error():
+  with pytest.raises(ValueError, match="min_steps <= max_steps"):
+    arithmetic.TaskConfig(min_steps=5, max_steps=2)

@@ -1,0 +1,47 @@
+"""Launchers end to end on their small variants, in fresh processes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_module(module: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def last_json(proc: subprocess.CompletedProcess) -> dict:
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_sft_launcher_small_trains_then_reuses_its_cache(tmp_path):
+  args = ("--config=experiments/configs/sft_tiny.py:small", f"--config.cache_dir={tmp_path}")
+  first = run_module("experiments.sft_warmstart", *args)
+  out = last_json(first)
+  assert "trained and cached" in first.stdout
+  assert 0.0 <= out["accuracy"] <= 1.0 and out["sft_steps"] == 20
+  assert out["length_p99"] >= out["length_p50"] >= 1
+  second = run_module("experiments.sft_warmstart", *args)
+  assert "loaded from" in second.stdout
+  assert last_json(second)["accuracy"] == out["accuracy"]  # same weights, same keys
+
+
+def test_bad_config_value_is_a_clear_error_before_work(tmp_path):
+  proc = run_module("experiments.sft_warmstart", "--config=experiments/configs/sft_tiny.py:small",
+                    f"--config.cache_dir={tmp_path}", "--config.train.lr=-1.0")
+  assert proc.returncode != 0
+  assert "config.train.lr must be > 0" in proc.stderr
+  assert not os.listdir(tmp_path)
+
+
+def test_unknown_config_key_is_rejected():
+  proc = run_module("experiments.sft_warmstart", "--config=experiments/configs/sft_tiny.py:small",
+                    "--config.train.nonsense=1")
+  assert proc.returncode != 0 and "nonsense" in proc.stderr

@@ -1,0 +1,67 @@
+"""The one orbax wrapper: save, restore and find the latest step of a pytree plus JSON metadata.
+
+Used by SFT, the drafter and RL. A checkpoint directory holds numbered steps; each step holds a
+`state` pytree (arrays) and a `meta` JSON dict. Restoring a missing directory or a damaged step is
+a `CheckpointError` naming the path and what to do, never a silent fresh start.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint is missing, incomplete or does not match the expected structure."""
+
+
+class Checkpointer:
+  """Numbered checkpoints in `directory`, keeping the newest `keep` (None keeps all)."""
+
+  def __init__(self, directory: str, keep: int | None = 3, async_save: bool = False):
+    self.directory = os.path.abspath(directory)
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                           enable_async_checkpointing=async_save)
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          item_names=("state", "meta"))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self._manager.all_steps())
+
+  def save(self, step: int, state: Any, meta: dict | None = None) -> None:
+    """Saves `state` (a pytree of arrays) and `meta` (JSON-able) as `step`."""
+    self._manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta or {})))
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict, int]:
+    """Restores `(state, meta, step)`; `abstract_state` gives the structure, shapes, shardings."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise CheckpointError(
+          f"No checkpoint found in {self.directory}. Check the path, or start a fresh run with a "
+          "new output directory.")
+    if step not in self.all_steps():
+      raise CheckpointError(f"Checkpoint step {step} not in {self.directory} "
+                            f"(available: {self.all_steps()}).")
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+    except Exception as e:  # orbax raises many types for damaged or mismatched files
+      raise CheckpointError(
+          f"Checkpoint step {step} in {self.directory} could not be restored ({type(e).__name__}: "
+          f"{str(e)[:400]}). It is corrupt or was written for a different model/config; delete "
+          "that step directory to fall back to an earlier one, or fix the config.") from e
+    return restored["state"], dict(restored["meta"] or {}), step
+
+  def close(self) -> None:
+    self._manager.close()

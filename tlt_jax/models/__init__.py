@@ -1,0 +1,10 @@
+"""Llama/Qwen2-family policy models in flax.nnx; see `config.py` for the shape-letter legend."""
+
+from tlt_jax.models.config import PRESETS, ModelConfig, get_preset
+from tlt_jax.models.kv_cache import CacheOverflowError, KVCache, check_overflow, commit, init_cache
+from tlt_jax.models.transformer import ModelOutput, Transformer, abstract_model, init_model
+
+__all__ = [
+    "PRESETS", "ModelConfig", "get_preset", "CacheOverflowError", "KVCache", "check_overflow",
+    "commit", "init_cache", "ModelOutput", "Transformer", "abstract_model", "init_model",
+]

@@ -1,0 +1,86 @@
+"""Model configuration and named presets.
+
+Tensor-name letter legend, used across the package for shape-suffixed names:
+  B batch rows, T tokens per row in one call, S cache slots (max sequence), D model width,
+  N query heads, K key/value heads, G query heads per kv head (N // K), H head dim,
+  F feed-forward width, V vocabulary, L layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+RopeLayout = Literal["half", "interleaved"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Architecture of a Llama/Qwen2-family decoder.
+
+  `rope_layout` is "half" for Hugging Face's rotate-half convention and "interleaved" for
+  GGUF/llama.cpp's pairs (2i, 2i+1). `qkv_bias` is Qwen2's attention bias.
+  """
+
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  d_ff: int
+  head_dim: int | None = None
+  rope_theta: float = 10000.0
+  rope_layout: RopeLayout = "half"
+  norm_eps: float = 1e-5
+  qkv_bias: bool = False
+  tie_embeddings: bool = True
+  max_seq_len: int = 512
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+  def __post_init__(self):
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
+                 "max_seq_len"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}.")
+    if self.n_heads % self.n_kv_heads:
+      raise ValueError(
+          f"ModelConfig.n_heads={self.n_heads} must be a multiple of n_kv_heads="
+          f"{self.n_kv_heads} (grouped-query attention shares each kv head among "
+          "n_heads // n_kv_heads query heads).")
+    if self.head_dim is None and self.d_model % self.n_heads:
+      raise ValueError(
+          f"ModelConfig.d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+          "set head_dim explicitly.")
+    if self.hd % 2:
+      raise ValueError(f"head_dim must be even for RoPE, got {self.hd}.")
+    if self.rope_layout not in ("half", "interleaved"):
+      raise ValueError(
+          f"rope_layout must be 'half' or 'interleaved', got {self.rope_layout!r}.")
+
+  @property
+  def hd(self) -> int:
+    """Head dimension H."""
+    return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+  def replace(self, **kwargs) -> "ModelConfig":
+    return dataclasses.replace(self, **kwargs)
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # A few million parameters: the built-in task's policy, for correctness, CI and the demo.
+    "tiny": ModelConfig(
+        vocab_size=32, d_model=192, n_layers=4, n_heads=6, n_kv_heads=2, d_ff=512,
+        rope_theta=10000.0, max_seq_len=384, tie_embeddings=True),
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+  """Returns the config of a named preset, or a clear error listing the known ones."""
+  if name not in PRESETS:
+    raise ValueError(f"Unknown model preset {name!r}; known presets: {sorted(PRESETS)}.")
+  return PRESETS[name]

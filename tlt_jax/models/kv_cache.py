@@ -1,0 +1,136 @@
+"""Static-shape KV cache with per-row lengths and slack for speculative writes.
+
+Slot `j` of row `b` holds the key/value of the token at slot `j`; slots `< lengths_B[b]` are the
+committed sequence. A call writes its T new tokens at slots `lengths .. lengths + T - 1` *without*
+committing them: `commit` then keeps an accepted subset (a chain prefix, or a tree path gathered
+into place) and advances `lengths`. Writes never clamp: a write past the last slot raises at once
+when lengths are concrete, and otherwise sets `overflow_B`, which `check_overflow` turns into an
+error at the next host sync.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tlt_jax.models.config import ModelConfig
+
+
+class CacheOverflowError(RuntimeError):
+  """A write went past the last slot of the KV cache."""
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+  """Per-layer keys and values `[B, S, K, H]`, committed lengths `[B]`, overflow flags `[B]`."""
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+  lengths_B: jax.Array
+  overflow_B: jax.Array
+
+  @property
+  def batch(self) -> int:
+    return self.lengths_B.shape[0]
+
+  @property
+  def max_len(self) -> int:
+    return self.k[0].shape[1]
+
+  def replace(self, **kwargs) -> "KVCache":
+    return dataclasses.replace(self, **kwargs)
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+  """An empty cache; k and v are separate buffers so that the cache can be donated."""
+  dtype = jnp.dtype(dtype or cfg.dtype)
+  shape = (batch, max_len, cfg.n_kv_heads, cfg.hd)
+  return KVCache(
+      k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
+      v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
+      lengths_B=jnp.zeros((batch,), jnp.int32),
+      overflow_B=jnp.zeros((batch,), bool),
+  )
+
+
+def _is_concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+def check_write(cache: KVCache, n_new: int) -> jax.Array:
+  """Per-row flag of whether writing `n_new` tokens would pass the last slot.
+
+  Raises `CacheOverflowError` immediately when the lengths are concrete (outside jit).
+  """
+  over_B = cache.lengths_B + n_new > cache.max_len
+  if _is_concrete(over_B) and bool(np.any(np.asarray(over_B))):
+    raise CacheOverflowError(
+        f"KV cache write of {n_new} tokens past its end: row lengths "
+        f"{np.asarray(cache.lengths_B).tolist()} with {cache.max_len} slots. Allocate a larger "
+        "cache (max prompt + max new tokens + speculative slack).")
+  return over_B
+
+
+def write_layer(k_BxSxKxH: jax.Array, new_BxTxKxH: jax.Array, start_B: jax.Array) -> jax.Array:
+  """Writes T new rows of one layer at each row's own start slot."""
+  def one(row_SxKxH, new_TxKxH, s):
+    return jax.lax.dynamic_update_slice(row_SxKxH, new_TxKxH.astype(row_SxKxH.dtype), (s, 0, 0))
+  return jax.vmap(one)(k_BxSxKxH, new_BxTxKxH, start_B)
+
+
+def visible_mask(cache: KVCache, n_new: int, tree_mask_TxT: jax.Array | None) -> jax.Array:
+  """`[B, T, S]` mask: committed slots, plus the new slots that `tree_mask_TxT` allows.
+
+  `tree_mask_TxT[t, u]` says whether new token t attends to new token u (causal when None).
+  """
+  s_S = jnp.arange(cache.max_len)
+  rel_BxS = s_S[None, :] - cache.lengths_B[:, None]
+  committed_BxS = rel_BxS < 0
+  if tree_mask_TxT is None:
+    t_T = jnp.arange(n_new)
+    new_BxTxS = (rel_BxS[:, None, :] >= 0) & (rel_BxS[:, None, :] <= t_T[None, :, None])
+  else:
+    in_range_BxS = (rel_BxS >= 0) & (rel_BxS < n_new)
+    idx_BxS = jnp.clip(rel_BxS, 0, n_new - 1)
+    new_BxTxS = in_range_BxS[:, None, :] & jnp.take(tree_mask_TxT, idx_BxS, axis=1).transpose(
+        1, 0, 2)
+  return committed_BxS[:, None, :] | new_BxTxS
+
+
+def commit(cache: KVCache, n_accept_B: jax.Array, accept_idx_BxA: jax.Array | None = None
+           ) -> KVCache:
+  """Keeps `n_accept_B[b]` of the tokens last written and advances the lengths.
+
+  With `accept_idx_BxA` (indices among the last call's T new tokens, e.g. a tree path), the kept
+  tokens are first gathered into consecutive slots; without it the kept tokens are a chain prefix
+  that is already in place.
+  """
+  n_accept_B = jnp.asarray(n_accept_B, jnp.int32)
+  if accept_idx_BxA is not None:
+    a_A = jnp.arange(accept_idx_BxA.shape[1])
+    src_BxA = cache.lengths_B[:, None] + accept_idx_BxA
+    dst_BxA = cache.lengths_B[:, None] + a_A[None, :]
+    keep_BxA = a_A[None, :] < n_accept_B[:, None]
+    dst_BxA = jnp.where(keep_BxA, dst_BxA, cache.max_len)  # unkept: out of bounds, dropped
+
+    def move(x_BxSxKxH):
+      gathered = jnp.take_along_axis(x_BxSxKxH, src_BxA[:, :, None, None], axis=1)
+      rows = jnp.arange(x_BxSxKxH.shape[0])[:, None]
+      # Kept entries have distinct destinations; unkept ones are dropped.
+      return x_BxSxKxH.at[rows, dst_BxA].set(gathered, mode="drop")
+
+    cache = cache.replace(k=tuple(move(k) for k in cache.k), v=tuple(move(v) for v in cache.v))
+  return cache.replace(lengths_B=cache.lengths_B + n_accept_B)
+
+
+def check_overflow(cache: KVCache) -> None:
+  """Raises if any write since allocation went past the cache end (call at host syncs)."""
+  flags = np.asarray(cache.overflow_B)
+  if flags.any():
+    raise CacheOverflowError(
+        f"KV cache overflow in rows {np.flatnonzero(flags).tolist()} ({cache.max_len} slots). "
+        "Allocate a larger cache (max prompt + max new tokens + speculative slack).")

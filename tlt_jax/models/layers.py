@@ -1,0 +1,95 @@
+"""Transformer building blocks: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from tlt_jax.models.config import ModelConfig
+
+
+class RMSNorm(nnx.Module):
+  """Root-mean-square norm with a learned scale, computed in float32."""
+
+  def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32):
+    self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
+    self.eps = eps
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def apply_rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array, theta: float, layout: str
+               ) -> jax.Array:
+  """Rotary position embedding in the HF rotate-half or the GGUF interleaved-pair layout."""
+  h = x_BxTxNxH.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+  angles_BxTxH2 = positions_BxT[..., None].astype(jnp.float32) * inv_freq
+  cos = jnp.cos(angles_BxTxH2)[:, :, None, :]
+  sin = jnp.sin(angles_BxTxH2)[:, :, None, :]
+  x = x_BxTxNxH.astype(jnp.float32)
+  if layout == "half":
+    x1, x2 = x[..., : h // 2], x[..., h // 2:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  else:
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = jnp.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).reshape(x.shape)
+  return out.astype(x_BxTxNxH.dtype)
+
+
+def attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS) -> jax.Array:
+  """Grouped-query softmax attention; each kv head serves N // K query heads."""
+  b, t, n, h = q_BxTxNxH.shape
+  kh = k_BxSxKxH.shape[2]
+  q_BxTxKxGxH = q_BxTxNxH.reshape(b, t, kh, n // kh, h)
+  scores = jnp.einsum("btkgh,bskh->bkgts", q_BxTxKxGxH, k_BxSxKxH,
+                      preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(h))
+  scores = jnp.where(mask_BxTxS[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxH.dtype)
+  out_BxTxKxGxH = jnp.einsum("bkgts,bskh->btkgh", probs, v_BxSxKxH)
+  return out_BxTxKxGxH.reshape(b, t, n, h)
+
+
+class Attention(nnx.Module):
+  """Multi-head attention with grouped kv heads, optional q/k/v bias and RoPE."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, h = cfg.d_model, cfg.hd
+    kw = dict(param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype), rngs=rngs,
+              kernel_init=nnx.initializers.normal(0.02))
+    self.q_proj = nnx.Linear(d, cfg.n_heads * h, use_bias=cfg.qkv_bias, **kw)
+    self.k_proj = nnx.Linear(d, cfg.n_kv_heads * h, use_bias=cfg.qkv_bias, **kw)
+    self.v_proj = nnx.Linear(d, cfg.n_kv_heads * h, use_bias=cfg.qkv_bias, **kw)
+    self.o_proj = nnx.Linear(cfg.n_heads * h, d, use_bias=False, **kw)
+
+  def qkv(self, x_BxTxD, positions_BxT):
+    cfg = self.cfg
+    b, t, _ = x_BxTxD.shape
+    q = self.q_proj(x_BxTxD).reshape(b, t, cfg.n_heads, cfg.hd)
+    k = self.k_proj(x_BxTxD).reshape(b, t, cfg.n_kv_heads, cfg.hd)
+    v = self.v_proj(x_BxTxD).reshape(b, t, cfg.n_kv_heads, cfg.hd)
+    q = apply_rope(q, positions_BxT, cfg.rope_theta, cfg.rope_layout)
+    k = apply_rope(k, positions_BxT, cfg.rope_theta, cfg.rope_layout)
+    return q, k, v
+
+  def out(self, attn_BxTxNxH):
+    b, t = attn_BxTxNxH.shape[:2]
+    return self.o_proj(attn_BxTxNxH.reshape(b, t, -1))
+
+
+class MLP(nnx.Module):
+  """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    kw = dict(use_bias=False, param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype),
+              rngs=rngs, kernel_init=nnx.initializers.normal(0.02))
+    self.gate_proj = nnx.Linear(cfg.d_model, cfg.d_ff, **kw)
+    self.up_proj = nnx.Linear(cfg.d_model, cfg.d_ff, **kw)
+    self.down_proj = nnx.Linear(cfg.d_ff, cfg.d_model, **kw)
+
+  def __call__(self, x):
+    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))

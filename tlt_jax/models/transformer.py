@@ -1,0 +1,128 @@
+"""The Llama/Qwen2-family decoder: logits and hidden states, with or without a KV cache."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from tlt_jax.models import kv_cache as kvc
+from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.layers import MLP, Attention, RMSNorm, attention
+
+
+@dataclasses.dataclass
+class ModelOutput:
+  """Logits `[B, T, V]`, final (post-norm) hidden states `[B, T, D]`, the updated cache, and,
+  when asked for, each layer's output `[B, T, D]` (index 0 is the embedding)."""
+
+  logits_BxTxV: jax.Array
+  hidden_BxTxD: jax.Array
+  cache: kvc.KVCache | None
+  layers: tuple[jax.Array, ...] | None = None
+
+
+class Block(nnx.Module):
+  """Pre-norm decoder layer: attention then SwiGLU, each with a residual."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    pd = jnp.dtype(cfg.param_dtype)
+    self.input_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.post_attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x_BxTxD, positions_BxT, kv_fn):
+    """`kv_fn(k_new, v_new) -> (k_all, v_all, mask_BxTxS)` supplies the attended keys/values."""
+    q, k, v = self.attn.qkv(self.input_norm(x_BxTxD), positions_BxT)
+    k_all, v_all, mask_BxTxS = kv_fn(k, v)
+    x_BxTxD = x_BxTxD + self.attn.out(attention(q, k_all, v_all, mask_BxTxS))
+    return x_BxTxD + self.mlp(self.post_attn_norm(x_BxTxD)), (k_all, v_all)
+
+
+class Transformer(nnx.Module):
+  """Decoder-only language model. Call with a cache to decode, without for a full forward."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, param_dtype=jnp.dtype(cfg.param_dtype),
+                           dtype=jnp.dtype(cfg.dtype), rngs=rngs,
+                           embedding_init=nnx.initializers.normal(0.02))
+    self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+    self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=jnp.dtype(cfg.param_dtype))
+    if not cfg.tie_embeddings:
+      self.lm_head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False,
+                                param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype),
+                                rngs=rngs, kernel_init=nnx.initializers.normal(0.02))
+
+  def head(self, hidden_BxTxD: jax.Array) -> jax.Array:
+    """LM head on post-norm hidden states; float32 logits."""
+    if self.cfg.tie_embeddings:
+      return self.embed.attend(hidden_BxTxD).astype(jnp.float32)
+    return self.lm_head(hidden_BxTxD).astype(jnp.float32)
+
+  def __call__(self, tokens_BxT: jax.Array, cache: kvc.KVCache | None = None, *,
+               positions_BxT: jax.Array | None = None, depth_T: jax.Array | None = None,
+               tree_mask_TxT: jax.Array | None = None, attend_mask_BxT: jax.Array | None = None,
+               return_layers: bool = False) -> ModelOutput:
+    """Runs the model on `tokens_BxT`.
+
+    Without a cache: a full causal forward at `positions_BxT` (default 0..T-1), where
+    `attend_mask_BxT` can hide padding keys. With a cache: the T tokens are written at each row's
+    next slots (uncommitted; see `kv_cache.commit`) at positions `lengths + depth_T` (default
+    0..T-1), attending to the committed prefix and to each other as `tree_mask_TxT` allows
+    (causal by default).
+    """
+    b, t = tokens_BxT.shape
+    x = self.embed(tokens_BxT)
+    if cache is None:
+      if positions_BxT is None:
+        positions_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
+      causal_TxT = jnp.tril(jnp.ones((t, t), bool)) if tree_mask_TxT is None else tree_mask_TxT
+      mask_BxTxS = jnp.broadcast_to(causal_TxT, (b, t, t))
+      if attend_mask_BxT is not None:
+        mask_BxTxS = mask_BxTxS & attend_mask_BxT[:, None, :]
+      kv_fns = [lambda k, v: (k, v, mask_BxTxS)] * len(self.layers)
+    else:
+      depth_T = jnp.arange(t) if depth_T is None else depth_T
+      positions_BxT = cache.lengths_B[:, None] + depth_T[None, :]
+      over_B = kvc.check_write(cache, t)
+      mask_BxTxS = kvc.visible_mask(cache, t, tree_mask_TxT)
+
+      def make_kv_fn(i):
+        def kv_fn(k_new, v_new):
+          k_all = kvc.write_layer(cache.k[i], k_new, cache.lengths_B)
+          v_all = kvc.write_layer(cache.v[i], v_new, cache.lengths_B)
+          return k_all, v_all, mask_BxTxS
+        return kv_fn
+      kv_fns = [make_kv_fn(i) for i in range(len(self.layers))]
+
+    layer_outs = [x] if return_layers else None
+    new_k, new_v = [], []
+    for block, kv_fn in zip(self.layers, kv_fns):
+      x, (k_all, v_all) = block(x, positions_BxT, kv_fn)
+      new_k.append(k_all)
+      new_v.append(v_all)
+      if return_layers:
+        layer_outs.append(x)
+    hidden = self.final_norm(x)
+    if cache is not None:
+      cache = cache.replace(k=tuple(new_k), v=tuple(new_v), overflow_B=cache.overflow_B | over_B)
+    return ModelOutput(self.head(hidden), hidden, cache,
+                       tuple(layer_outs) if return_layers else None)
+
+
+def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
+  """A freshly initialised model."""
+  return Transformer(cfg, rngs=nnx.Rngs(seed))
+
+
+def abstract_model(cfg: ModelConfig) -> Transformer:
+  """The model's structure with shape-only parameters (for restoring without allocating)."""
+  return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+
+
+def count_params(state) -> int:
+  return sum(x.size for x in jax.tree.leaves(state))

@@ -1,0 +1,1 @@
+"""Rollout: sampling (the behaviour policy), plain decoding, and the rollout engine."""

@@ -1,0 +1,95 @@
+"""The behaviour policy, defined once: processed distributions, addressed noise, Gumbel-max.
+
+Every sampled token in the project (plain decoding, speculative verification, the trainer's
+recomputation of log-probs) goes through `processed_logprobs`, so rollout log-probs and trainer
+log-probs are the same quantity. The noise for sample `i` at response position `t` is
+`fold_in(fold_in(key, i), t)`, so a token never depends on batch layout, bucket or strategy.
+Sampling is Gumbel-max over the processed log-probs, which makes the `coupled` verification rule
+reproduce plain sampling token for token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -jnp.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """Static sampling settings. temperature 0 is greedy; top_k 0 and top_p 1.0 are off."""
+
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  max_new_tokens: int = 128
+  stop_tokens: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    if self.temperature < 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0 (0 is off), got {self.top_k}.")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1] (1 is off), got {self.top_p}.")
+    if self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0.0
+
+
+def processed_logprobs(logits_xV: jax.Array, params: SamplingParams) -> jax.Array:
+  """Log-probs of the processed sampling distribution (temperature, top-k, top-p), float32.
+
+  Tokens outside the top-k / top-p support get -inf. At temperature 0 this is the plain
+  log-softmax (greedy decoding takes its argmax).
+  """
+  logits = logits_xV.astype(jnp.float32)
+  if params.greedy:
+    return jax.nn.log_softmax(logits, axis=-1)
+  logits = logits / params.temperature
+  if params.top_k > 0 and params.top_k < logits.shape[-1]:
+    kth = jax.lax.top_k(logits, params.top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, NEG_INF, logits)
+  if params.top_p < 1.0:
+    sorted_desc = -jnp.sort(-logits, axis=-1)
+    probs = jax.nn.softmax(sorted_desc, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep = mass_before < params.top_p  # the smallest prefix whose mass reaches top_p
+    cutoff = jnp.min(jnp.where(keep, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits < cutoff, NEG_INF, logits)
+  return jax.nn.log_softmax(logits, axis=-1)
+
+
+def noise_key(key: jax.Array, sample_id, position) -> jax.Array:
+  """The key of sample `sample_id` at response position `position`."""
+  return jax.random.fold_in(jax.random.fold_in(key, sample_id), position)
+
+
+def gumbel_noise(key: jax.Array, sample_ids_B: jax.Array, positions_B: jax.Array, vocab: int
+                 ) -> jax.Array:
+  """`[B, V]` Gumbel noise, each row drawn from its own addressed key."""
+  keys = jax.vmap(noise_key, in_axes=(None, 0, 0))(key, sample_ids_B, positions_B)
+  return jax.vmap(lambda k: jax.random.gumbel(k, (vocab,), jnp.float32))(keys)
+
+
+def sample_from_logprobs(logp_BxV: jax.Array, params: SamplingParams, key: jax.Array,
+                         sample_ids_B: jax.Array, positions_B: jax.Array) -> jax.Array:
+  """Gumbel-max draw from processed log-probs (argmax when greedy)."""
+  if params.greedy:
+    return jnp.argmax(logp_BxV, axis=-1).astype(jnp.int32)
+  g_BxV = gumbel_noise(key, sample_ids_B, positions_B, logp_BxV.shape[-1])
+  return jnp.argmax(logp_BxV + g_BxV, axis=-1).astype(jnp.int32)
+
+
+def sample(logits_BxV: jax.Array, params: SamplingParams, key: jax.Array, sample_ids_B: jax.Array,
+           positions_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Samples one token per row; returns `(tokens_B, logprob_B)` under the processed distribution."""
+  logp_BxV = processed_logprobs(logits_BxV, params)
+  tokens_B = sample_from_logprobs(logp_BxV, params, key, sample_ids_B, positions_B)
+  return tokens_B, jnp.take_along_axis(logp_BxV, tokens_B[:, None], axis=-1)[:, 0]

@@ -1,0 +1,161 @@
+"""Supervised warm start of the `tiny` policy on the built-in task, cached per configuration.
+
+`warm_start(config)` returns a trained model: from the cache when a checkpoint made with the same
+model/task/training settings exists, otherwise it trains one (a few minutes on 2 CPU cores) and
+stores it there, so that `make demo` and every experiment re-create it without a manual step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+from tqdm import tqdm
+
+from tlt_jax.checkpoint import CheckpointError, Checkpointer
+from tlt_jax.models import Transformer, get_preset, init_model
+from tlt_jax.tasks import arithmetic
+from tlt_jax.tasks.tokenizer import CharTokenizer
+
+LENGTH_BUCKETS = (64, 128, 256)
+
+
+def default_cache_dir() -> str:
+  return os.environ.get("TLT_JAX_CACHE",
+                        os.path.join(os.path.dirname(os.path.dirname(__file__)), ".cache"))
+
+
+def _fingerprint(config: ml_collections.ConfigDict) -> str:
+  keys = {k: config[k].to_dict() if hasattr(config[k], "to_dict") else config[k]
+          for k in ("model", "task", "train", "seed")}
+  return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cache_path(config: ml_collections.ConfigDict) -> str:
+  root = config.get("cache_dir") or default_cache_dir()
+  return os.path.join(root, "warmstart", f"{config.model}-{_fingerprint(config)}")
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Clear errors for bad SFT settings, before any work."""
+  get_preset(config.model)
+  arithmetic.TaskConfig.from_dict(config.task)
+  t = config.train
+  for name in ("steps", "tokens_per_batch"):
+    if int(t[name]) < 1:
+      raise ValueError(f"config.train.{name} must be >= 1, got {t[name]}.")
+  if not t.lr > 0:
+    raise ValueError(f"config.train.lr must be > 0, got {t.lr}.")
+  if t.tokens_per_batch < LENGTH_BUCKETS[-1]:
+    raise ValueError(f"config.train.tokens_per_batch must be >= {LENGTH_BUCKETS[-1]}.")
+
+
+def _bucket_batches(problems, tok, tokens_per_batch: int, rng: np.random.Generator):
+  """Endless batches of (tokens, loss mask), each padded to one of `LENGTH_BUCKETS`."""
+  seqs, masks = [], []
+  for p in problems:
+    prompt = arithmetic.encode_prompt(tok, p)
+    sol = arithmetic.encode_solution(tok, p)
+    seqs.append(prompt + sol)
+    masks.append([0] * len(prompt) + [1] * len(sol))
+  lens = np.array([len(s) for s in seqs])
+  if lens.max() > LENGTH_BUCKETS[-1]:
+    raise ValueError(f"A task sequence of {lens.max()} tokens exceeds {LENGTH_BUCKETS[-1]}.")
+  bucket_of = np.searchsorted(LENGTH_BUCKETS, lens)
+  members = [np.flatnonzero(bucket_of == b) for b in range(len(LENGTH_BUCKETS))]
+  weights = np.array([lens[m].sum() for m in members], np.float64)
+  weights /= weights.sum()
+  while True:
+    b = rng.choice(len(LENGTH_BUCKETS), p=weights)
+    length = LENGTH_BUCKETS[b]
+    rows = rng.choice(members[b], size=tokens_per_batch // length)
+    x = np.zeros((len(rows), length), np.int32)
+    m = np.zeros((len(rows), length), np.float32)
+    for r, i in enumerate(rows):
+      x[r, : lens[i]] = seqs[i]
+      m[r, : lens[i]] = masks[i]
+    yield x, m
+
+
+def next_token_loss(model: Transformer, tokens_BxT, mask_BxT):
+  """Mean cross-entropy of predicting `tokens[t+1]` where `mask[t+1]` is set."""
+  logits = model(tokens_BxT[:, :-1]).logits_BxTxV
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  nll_BxT = -jnp.take_along_axis(logp, tokens_BxT[:, 1:, None], axis=-1)[..., 0]
+  m = mask_BxT[:, 1:]
+  return jnp.sum(nll_BxT * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  warmup = min(train.warmup_steps, max(train.steps - 1, 0))
+  schedule = optax.warmup_cosine_decay_schedule(0.0, train.lr, warmup, max(train.steps, warmup + 1),
+                                                end_value=train.lr * 0.1)
+  return optax.chain(optax.clip_by_global_norm(train.clip), optax.adamw(
+      schedule, b1=0.9, b2=0.98, weight_decay=train.weight_decay))
+
+
+def train(config: ml_collections.ConfigDict, progress: bool = True) -> tuple[Transformer, dict]:
+  """Trains the policy from scratch; returns the model and a summary."""
+  validate(config)
+  cfg = get_preset(config.model)
+  task = arithmetic.TaskConfig.from_dict(config.task)
+  tok = CharTokenizer(cfg.vocab_size)
+  model = init_model(cfg, seed=config.seed)
+  graphdef, params = nnx.split(model, nnx.Param)
+  opt = make_optimizer(config.train)
+  opt_state = opt.init(params)
+
+  @jax.jit
+  def step(params, opt_state, x, m):
+    def loss_fn(p):
+      return next_token_loss(nnx.merge(graphdef, p), x, m)
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  problems = arithmetic.make_problems(config.train.num_problems, task, seed=config.seed)
+  batches = _bucket_batches(problems, tok, config.train.tokens_per_batch,
+                            np.random.default_rng(config.seed))
+  start, losses = time.time(), []
+  bar = tqdm(range(config.train.steps), desc="sft", disable=not progress, mininterval=2.0)
+  for _ in bar:
+    x, m = next(batches)
+    params, opt_state, loss = step(params, opt_state, jnp.asarray(x), jnp.asarray(m))
+    losses.append(loss)
+    if len(losses) % 50 == 0:
+      last = float(losses[-1])
+      if not np.isfinite(last):
+        raise FloatingPointError(f"SFT loss became {last} at step {len(losses)}; lower "
+                                 "config.train.lr or raise config.train.warmup_steps.")
+      bar.set_postfix(loss=f"{last:.3f}")
+  final = float(np.mean([float(l) for l in losses[-20:]]))
+  return nnx.merge(graphdef, params), {"sft_loss": final, "sft_seconds": time.time() - start,
+                                        "sft_steps": int(config.train.steps)}
+
+
+def warm_start(config: ml_collections.ConfigDict, progress: bool = True) -> tuple[Transformer, dict]:
+  """The cached warm-started policy for `config`, trained and cached first if missing."""
+  validate(config)
+  path = cache_path(config)
+  ckpt = Checkpointer(path, keep=1)
+  if ckpt.latest_step() is not None:
+    abstract = nnx.eval_shape(lambda: init_model(get_preset(config.model), seed=config.seed))
+    graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+    try:
+      params, meta, _ = ckpt.restore(abstract_params)
+      return nnx.merge(graphdef, params), dict(meta, cache=path, cached=True)
+    except CheckpointError as e:
+      raise CheckpointError(f"{e}\nThe warm-start cache at {path} is damaged: delete that "
+                            "directory and it will be re-created.") from e
+  model, summary = train(config, progress=progress)
+  ckpt.save(int(config.train.steps), nnx.state(model, nnx.Param), summary)
+  ckpt.wait()
+  return model, dict(summary, cache=path, cached=False)

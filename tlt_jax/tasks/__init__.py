@@ -1,0 +1,1 @@
+"""Prompt datasets, formatting and verifiable rewards (no model code here)."""

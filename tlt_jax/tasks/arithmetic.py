@@ -1,0 +1,96 @@
+"""The built-in long-tail reasoning task: chained addition/subtraction with a scratchpad.
+
+A prompt is a chain such as `12+7-3+25=`; the solution works it left to right, one step per
+`a+b=c;`, and ends with `#answer`. The number of steps follows a truncated power law, so most
+solutions are short and a few are many times longer: the long tail of reasoning-RL rollouts in
+miniature. Each step is a chance to err, so success falls with length and groups of samples of one
+prompt often get mixed rewards, which is what GRPO learns from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+
+from tlt_jax.tasks.tokenizer import CharTokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+  """Difficulty mix: P(steps = k) is proportional to k ** -alpha for k in [min_steps, max_steps]."""
+
+  min_steps: int = 1
+  max_steps: int = 16
+  alpha: float = 1.3
+  max_operand: int = 30
+
+  def __post_init__(self):
+    if not 1 <= self.min_steps <= self.max_steps:
+      raise ValueError(f"Need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}.")
+    if self.max_operand < 1:
+      raise ValueError(f"max_operand must be >= 1, got {self.max_operand}.")
+
+  @classmethod
+  def from_dict(cls, d) -> "TaskConfig":
+    return cls(**{k: d[k] for k in ("min_steps", "max_steps", "alpha", "max_operand") if k in d})
+
+  def max_prompt_chars(self) -> int:
+    return (self.max_steps + 1) * (len(str(self.max_operand)) + 1)
+
+  def max_solution_chars(self) -> int:
+    top = (self.max_steps + 1) * self.max_operand
+    return self.max_steps * (2 * len(str(top)) + len(str(self.max_operand)) + 3) + len(str(top)) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  prompt: str
+  solution: str
+  answer: int
+  steps: int
+
+
+def step_probs(cfg: TaskConfig) -> np.ndarray:
+  k = np.arange(cfg.min_steps, cfg.max_steps + 1, dtype=np.float64)
+  p = k ** -cfg.alpha
+  return p / p.sum()
+
+
+def make_problem(rng: np.random.Generator, cfg: TaskConfig) -> Problem:
+  steps = int(rng.choice(np.arange(cfg.min_steps, cfg.max_steps + 1), p=step_probs(cfg)))
+  value = int(rng.integers(0, cfg.max_operand + 1))
+  prompt, lines = [str(value)], []
+  for _ in range(steps):
+    x = int(rng.integers(0, cfg.max_operand + 1))
+    op = "-" if (x <= value and rng.random() < 0.5) else "+"
+    new = value - x if op == "-" else value + x
+    prompt.append(f"{op}{x}")
+    lines.append(f"{value}{op}{x}={new};")
+    value = new
+  return Problem("".join(prompt) + "=", "".join(lines) + f"#{value}", value, steps)
+
+
+def make_problems(n: int, cfg: TaskConfig, seed: int) -> list[Problem]:
+  rng = np.random.default_rng(seed)
+  return [make_problem(rng, cfg) for _ in range(n)]
+
+
+_FORMAT = re.compile(r"^(\d+[+-]\d+=\d+;)*#(\d+)$")
+
+
+def reward(response: str, answer: int) -> float:
+  """1.0 for a well-formed scratchpad ending in `#answer`; 0.0 for a wrong or malformed one."""
+  m = _FORMAT.match(response)
+  if m is None:
+    return 0.0
+  return 1.0 if int(m.group(2)) == answer else 0.0
+
+
+def encode_prompt(tok: CharTokenizer, problem: Problem) -> list[int]:
+  return [tok.bos_id] + tok.encode(problem.prompt)
+
+
+def encode_solution(tok: CharTokenizer, problem: Problem) -> list[int]:
+  return tok.encode(problem.solution) + [tok.eos_id]
