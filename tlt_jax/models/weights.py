@@ -1,0 +1,98 @@
+"""Parameter naming: where each Hugging Face / GGUF tensor lives in the nnx model.
+
+Both formats store projection matrices as `[out, in]`; nnx kernels are `[in, out]`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tlt_jax.models.config import ModelConfig
+
+_HF_LAYER = [
+    ("self_attn.q_proj", ("attn", "q_proj")), ("self_attn.k_proj", ("attn", "k_proj")),
+    ("self_attn.v_proj", ("attn", "v_proj")), ("self_attn.o_proj", ("attn", "o_proj")),
+    ("mlp.gate_proj", ("mlp", "gate_proj")), ("mlp.up_proj", ("mlp", "up_proj")),
+    ("mlp.down_proj", ("mlp", "down_proj")),
+]
+_GGUF_LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+               "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
+def hf_param_table(cfg: ModelConfig) -> Iterator[tuple[str, tuple, bool]]:
+  """Yields (HF tensor name, path in the nnx model, transpose?) for every parameter."""
+  yield "model.embed_tokens.weight", ("embed", "embedding"), False
+  yield "model.norm.weight", ("final_norm", "scale"), False
+  if not cfg.tie_embeddings:
+    yield "lm_head.weight", ("lm_head", "kernel"), True
+  for i in range(cfg.n_layers):
+    p = f"model.layers.{i}."
+    for hf, ours in _HF_LAYER:
+      yield p + hf + ".weight", ("layers", i, *ours, "kernel"), True
+      if cfg.qkv_bias and hf in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+        yield p + hf + ".bias", ("layers", i, *ours, "bias"), False
+    yield p + "input_layernorm.weight", ("layers", i, "input_norm", "scale"), False
+    yield p + "post_attention_layernorm.weight", ("layers", i, "post_attn_norm", "scale"), False
+
+
+def gguf_name(hf_name: str) -> str:
+  """The GGUF (llama.cpp) name of an HF tensor name."""
+  fixed = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
+           "output_norm.weight", "lm_head.weight": "output.weight"}
+  if hf_name in fixed:
+    return fixed[hf_name]
+  _, _, i, rest = hf_name.split(".", 3)
+  module, kind = rest.rsplit(".", 1)
+  return f"blk.{i}.{_GGUF_LAYER[module]}.{kind}"
+
+
+def get_variable(model, path: tuple) -> nnx.Variable:
+  node = model
+  for p in path:
+    node = node[p] if isinstance(p, int) else getattr(node, p)
+  return node
+
+
+def permute_rope_rows(w_OxI: np.ndarray, n_heads: int, head_dim: int, to: str) -> np.ndarray:
+  """Reorders the output rows of a q/k projection between RoPE layouts.
+
+  Rotate-half pairs feature i with i + H/2; interleaved pairs 2i with 2i+1. Converting the rows
+  makes a model with the other RoPE layout compute exactly the same function.
+  """
+  rest = w_OxI.shape[1:]
+  w = w_OxI.reshape(n_heads, 2, head_dim // 2, *rest) if to == "interleaved" else \
+      w_OxI.reshape(n_heads, head_dim // 2, 2, *rest)
+  return np.swapaxes(w, 1, 2).reshape(w_OxI.shape)
+
+
+def assign(model, tensors: dict[str, np.ndarray], cfg: ModelConfig, source: str,
+           name_fn=lambda n: n) -> None:
+  """Copies `tensors` (HF layout `[out, in]`) into `model`, checking every name and shape."""
+  dtype = jnp.dtype(cfg.param_dtype)
+  for hf_name, path, transpose in hf_param_table(cfg):
+    name = name_fn(hf_name)
+    if name not in tensors:
+      raise KeyError(f"{source} has no tensor {name!r} that a {cfg.n_layers}-layer model needs; "
+                     "the checkpoint is incomplete or of another architecture.")
+    arr = np.asarray(tensors[name])
+    arr = arr.T if transpose else arr
+    var = get_variable(model, path)
+    if tuple(arr.shape) != tuple(var.shape):
+      raise ValueError(f"{source}: tensor {name!r} has shape {tuple(arr.shape)} (after transpose) "
+                       f"but the config implies {tuple(var.shape)}; config and weights disagree.")
+    var.value = jnp.asarray(arr, dtype)
+
+
+def export(model, cfg: ModelConfig) -> dict[str, np.ndarray]:
+  """The model's parameters as HF-named `[out, in]` float arrays."""
+  out = {}
+  for hf_name, path, transpose in hf_param_table(cfg):
+    arr = np.asarray(get_variable(model, path).value)
+    out[hf_name] = np.ascontiguousarray(arr.T if transpose else arr)
+  return out
