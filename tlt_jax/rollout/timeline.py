@@ -1,0 +1,73 @@
+"""Timeline metrics of one `generate` call: dispatches, live batch over time, idle shards."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+
+@dataclasses.dataclass
+class Event:
+  shard: int
+  kind: str          # prefill | decode | compact
+  start: float       # seconds since the call began
+  end: float
+  bucket: int
+  live: int          # live rows when the event began
+  steps: int = 0
+  live_after: int = -1
+
+
+class Timeline:
+  """Collects events; `summary()` gives tokens/s, steps, time per bucket, idle time per shard."""
+
+  def __init__(self, num_shards: int, compile_events_before: int = 0):
+    self.t0 = time.perf_counter()
+    self.events: list[Event] = []
+    self.num_shards = num_shards
+    self.shard_end = [None] * num_shards
+    self.wall_s = 0.0
+    self.tokens = 0
+    self.compile_events = []
+    self._compile_before = compile_events_before
+
+  def record(self, shard, kind, start, end, bucket, live, steps=0, live_after=-1):
+    self.events.append(Event(shard, kind, start - self.t0, end - self.t0, bucket, live, steps,
+                             live_after))
+
+  def shard_done(self, shard: int, at: float) -> None:
+    self.shard_end[shard] = at - self.t0
+
+  def finish(self, wall_s: float, tokens: int, pool_events) -> None:
+    self.wall_s, self.tokens = wall_s, tokens
+    self.compile_events = [
+        {"key": str(e.key), "seconds": round(e.seconds, 3)}
+        for e in pool_events[self._compile_before:]]
+    self.shard_end = [wall_s if e is None else e for e in self.shard_end]
+
+  def live_batch(self, shard: int = 0) -> list[tuple[float, int]]:
+    """(time, live rows) at each decode dispatch of `shard`: the shrinking batch."""
+    return [(e.start, e.live) for e in self.events if e.shard == shard and e.kind == "decode"]
+
+  def idle_windows(self) -> list[tuple[float, float]]:
+    """Per shard, (start, end) of the window from its last row finishing to the call's end."""
+    return [(end, self.wall_s) for end in self.shard_end]
+
+  def summary(self) -> dict:
+    per_bucket: dict[int, float] = {}
+    steps = 0
+    for e in self.events:
+      if e.kind == "decode":
+        per_bucket[e.bucket] = per_bucket.get(e.bucket, 0.0) + (e.end - e.start)
+        steps += e.steps
+    return {
+        "wall_s": round(self.wall_s, 4),
+        "tokens": self.tokens,
+        "tokens_per_s": round(self.tokens / self.wall_s, 2) if self.wall_s else 0.0,
+        "decode_dispatches": sum(e.kind == "decode" for e in self.events),
+        "decode_steps_max": steps,
+        "time_per_bucket_s": {str(k): round(v, 4) for k, v in sorted(per_bucket.items())},
+        "shard_idle_s": [round(self.wall_s - end, 4) for end in self.shard_end],
+        "compile_events": len(self.compile_events),
+        "compile_s": round(sum(c["seconds"] for c in self.compile_events), 3),
+    }
