@@ -7,6 +7,7 @@ stores it there, so that `make demo` and every experiment re-create it without a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -121,7 +122,10 @@ def train(config: ml_collections.ConfigDict, progress: bool = True) -> tuple[Tra
     updates, opt_state = opt.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  problems = arithmetic.make_problems(config.train.num_problems, task, seed=config.seed)
+  # Training may use a flatter difficulty mix than evaluation (train.task_alpha) so that the
+  # policy sees enough multi-step chains to learn to carry a running total.
+  train_task = dataclasses.replace(task, alpha=config.train.get("task_alpha", task.alpha))
+  problems = arithmetic.make_problems(config.train.num_problems, train_task, seed=config.seed)
   batches = _bucket_batches(problems, tok, config.train.tokens_per_batch,
                             np.random.default_rng(config.seed))
   start, losses = time.time(), []

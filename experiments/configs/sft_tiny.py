@@ -14,10 +14,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.model = "tiny"
   c.seed = 0
   c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
-  c.task = ml_collections.ConfigDict(dict(min_steps=1, max_steps=16, alpha=1.3, max_operand=30))
+  c.task = ml_collections.ConfigDict(dict(min_steps=1, max_steps=16, alpha=1.3, max_operand=9))
   c.train = ml_collections.ConfigDict(dict(
-      steps=600, tokens_per_batch=8192, lr=3e-3, warmup_steps=60, weight_decay=0.01, clip=1.0,
-      num_problems=50_000))
+      steps=700, tokens_per_batch=8192, lr=3e-3, warmup_steps=60, weight_decay=0.01, clip=1.0,
+      num_problems=50_000, task_alpha=0.5))
   c.eval = ml_collections.ConfigDict(dict(num_prompts=128, group_size=8, temperature=1.0,
                                           seed=1234))
   if variant == "small":

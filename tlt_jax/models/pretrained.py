@@ -251,3 +251,11 @@ def load_pretrained(path_or_preset: str, dtype: str = "float32"
   raise FileNotFoundError(
       f"{path_or_preset!r} is neither a preset ({sorted(PRETRAINED_PRESETS)}), a .gguf file nor a "
       "Hugging Face checkpoint folder.")
+
+
+def load_policy(name: str, seed: int = 0) -> Transformer:
+  """A from-scratch preset freshly initialised, or a pretrained checkpoint's model."""
+  if name in PRESETS:
+    from tlt_jax.models.transformer import init_model
+    return init_model(PRESETS[name], seed=seed)
+  return load_pretrained(name)[0]

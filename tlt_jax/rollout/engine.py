@@ -25,8 +25,12 @@ from jax.sharding import SingleDeviceSharding
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.rollout.plain import pad_prompts, prefill
 from tlt_jax.rollout.pool import ExecutablePool, configure_compilation_cache
-from tlt_jax.rollout.sampling import SamplingParams, sample
+from tlt_jax.rollout.sampling import SamplingParams
+from tlt_jax.rollout.state import DecodeState, empty_state, plain_step
 from tlt_jax.rollout.timeline import Timeline
+from tlt_jax.spec.controller import SpecController
+from tlt_jax.spec.step import spec_step
+from tlt_jax.spec.strategy import SpecConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +45,7 @@ class EngineConfig:
   cache_slack: int = 0
   compile_cache_dir: str = ""
   precompile: bool = True
+  suffix_corpus_len: int = 256   # tokens of earlier text per row the suffix proposer may search
 
   def __post_init__(self):
     if sorted(self.batch_buckets) != list(self.batch_buckets) or self.batch_buckets[0] < 1:
@@ -58,23 +63,6 @@ class EngineConfig:
       if k in d:
         d[k] = tuple(int(x) for x in d[k])
     return cls(**d)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class DecodeState:
-  """Everything one shard's decode loop carries, batch-leading: compacted as one pytree."""
-
-  cache: kvc.KVCache
-  logits_BxV: jax.Array       # next-token logits of each row
-  sample_id_B: jax.Array
-  t_B: jax.Array              # tokens emitted so far
-  done_B: jax.Array
-  stopped_B: jax.Array        # ended on a stop token (else: length)
-  tokens_BxN: jax.Array
-  logprobs_BxN: jax.Array
-  hidden_BxNxD: jax.Array     # hidden state of each emitted token ([B, 0, D] when not captured)
-  prompt_hidden_BxD: jax.Array  # hidden state of the last prompt token (it predicted token 0)
 
 
 @dataclasses.dataclass
@@ -104,8 +92,12 @@ def bucket_for(n: int, buckets) -> int:
 class RolloutEngine:
   """Generates G samples per prompt with compaction, k-step dispatches and per-device shards."""
 
-  def __init__(self, model, config: EngineConfig, *, pad_id: int = 0, devices=None):
+  def __init__(self, model, config: EngineConfig, *, pad_id: int = 0, devices=None,
+               spec: SpecConfig | None = None):
+    if spec is not None and config.cache_slack < spec.max_depth + 1:
+      config = dataclasses.replace(config, cache_slack=spec.max_depth + 1)
     self.cfg = config
+    self.spec = SpecController(spec, config.batch_buckets) if spec is not None else None
     self.model_cfg = model.cfg
     self.pad_id = pad_id
     devices = list(devices if devices is not None else jax.devices())
@@ -133,94 +125,65 @@ class RolloutEngine:
     sh = SingleDeviceSharding(self.devices[shard])
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree)
 
-  def _state_shape(self, b: int, cache_len: int, n: int, capture: bool):
-    cfg = self.model_cfg
-    return jax.eval_shape(lambda: self._empty_state(b, cache_len, n, capture))
+  def _state_shape(self, b: int, cache_len: int, n: int, capture: bool, hist: int):
+    return jax.eval_shape(lambda: empty_state(self.model_cfg, b, cache_len, n, capture, hist,
+                                              self.pad_id))
 
-  def _empty_state(self, b, cache_len, n, capture) -> DecodeState:
-    cfg = self.model_cfg
-    return DecodeState(
-        cache=kvc.init_cache(cfg, b, cache_len), logits_BxV=jnp.zeros((b, cfg.vocab_size)),
-        sample_id_B=jnp.zeros((b,), jnp.int32), t_B=jnp.zeros((b,), jnp.int32),
-        done_B=jnp.ones((b,), bool), stopped_B=jnp.zeros((b,), bool),
-        tokens_BxN=jnp.full((b, n), self.pad_id, jnp.int32),
-        logprobs_BxN=jnp.zeros((b, n), jnp.float32),
-        hidden_BxNxD=jnp.zeros((b, n if capture else 0, cfg.d_model), jnp.dtype(cfg.dtype)),
-        prompt_hidden_BxD=jnp.zeros((b, cfg.d_model), jnp.dtype(cfg.dtype)))
+  def _prefill_exe(self, shard, b, p, cache_len, n, capture, hist):
+    key = ("prefill", shard, b, p, cache_len, n, capture, hist)
+    graphdef, cfg, pad_id = self.graphdef, self.model_cfg, self.pad_id
 
-  def _prefill_exe(self, shard, b, p, cache_len, n, capture):
-    key = ("prefill", shard, b, p, cache_len, n, capture)
-    graphdef, empty = self.graphdef, self._empty_state
-
-    def fn(params, prompts_BxP, lens_B, ids_B, active_B):
+    def fn(params, prompts_BxP, lens_B, ids_B, active_B, hist_prefix_BxH, hist_len_B, corpus_len_B):
       model = nnx.merge(graphdef, params)
-      st = empty(b, cache_len, n, capture)
+      st = empty_state(cfg, b, cache_len, n, capture, hist, pad_id)
       logits, hidden, cache = prefill(model, st.cache, prompts_BxP, lens_B)
-      return dataclasses.replace(st, cache=cache, logits_BxV=logits, sample_id_B=ids_B,
-                                 done_B=~active_B, prompt_hidden_BxD=hidden.astype(
-                                     st.prompt_hidden_BxD.dtype))
+      return dataclasses.replace(
+          st, cache=cache, logits_BxV=logits, sample_id_B=ids_B, done_B=~active_B,
+          prompt_hidden_BxD=hidden.astype(st.prompt_hidden_BxD.dtype),
+          history_BxH=hist_prefix_BxH, hist_len_B=hist_len_B, corpus_len_B=corpus_len_B)
 
     def build():
       i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
       args = (self._abstract_params, i32(b, p), i32(b), i32(b),
-              jax.ShapeDtypeStruct((b,), bool))
+              jax.ShapeDtypeStruct((b,), bool), i32(b, hist), i32(b), i32(b))
       return fn, tuple(self._abstract(a, shard) for a in args), ()
     return key, build
 
-  def _decode_exe(self, shard, b, cache_len, n, capture, params: SamplingParams):
-    key = ("decode", shard, b, cache_len, n, capture, params)
+  def _loop_exe(self, shard, b, cache_len, n, capture, hist, params: SamplingParams, step_fn,
+                name):
+    """A dispatch: up to `steps_per_dispatch` applications of `step_fn` (stops when all done)."""
+    key = (name, shard, b, cache_len, n, capture, hist, params)
     graphdef, k_steps, pad_id = self.graphdef, self.cfg.steps_per_dispatch, self.pad_id
     stop_ids = jnp.array(params.stop_tokens or (-1,), jnp.int32)
 
     def fn(params_, state: DecodeState, key_):
       model = nnx.merge(graphdef, params_)
-
-      def body(carry):
-        i, st = carry
-        tok_B, lp_B = sample(st.logits_BxV, params, key_, st.sample_id_B, st.t_B)
-        live_B = ~st.done_B
-        tok_B = jnp.where(live_B, tok_B, pad_id)
-        rows = jnp.arange(b)
-        t_B = jnp.minimum(st.t_B, n - 1)
-        tokens = st.tokens_BxN.at[rows, t_B].set(jnp.where(live_B, tok_B, st.tokens_BxN[rows, t_B]))
-        logprobs = st.logprobs_BxN.at[rows, t_B].set(
-            jnp.where(live_B, lp_B, st.logprobs_BxN[rows, t_B]))
-        out = model(tok_B[:, None], st.cache)
-        hidden = st.hidden_BxNxD
-        if capture:
-          h_B = out.hidden_BxTxD[:, 0].astype(hidden.dtype)
-          hidden = hidden.at[rows, t_B].set(jnp.where(live_B[:, None], h_B, hidden[rows, t_B]))
-        cache = kvc.commit(out.cache, live_B.astype(jnp.int32))
-        new_t = st.t_B + live_B
-        hit_stop = live_B & jnp.isin(tok_B, stop_ids)
-        done = st.done_B | hit_stop | (new_t >= n)
-        st = dataclasses.replace(
-            st, cache=cache, logits_BxV=jnp.where(live_B[:, None], out.logits_BxTxV[:, 0],
-                                                  st.logits_BxV),
-            t_B=new_t, done_B=done, stopped_B=st.stopped_B | hit_stop, tokens_BxN=tokens,
-            logprobs_BxN=logprobs, hidden_BxNxD=hidden)
-        return i + 1, st
-
-      def cond(carry):
-        i, st = carry
-        return (i < k_steps) & ~jnp.all(st.done_B)
-
+      body = lambda c: (c[0] + 1, step_fn(model, c[1], params, key_, stop_ids, n, pad_id))
+      cond = lambda c: (c[0] < k_steps) & ~jnp.all(c[1].done_B)
       return jax.lax.while_loop(cond, body, (jnp.int32(0), state))[1]
 
     def build():
-      args = (self._abstract_params, self._state_shape(b, cache_len, n, capture),
+      args = (self._abstract_params, self._state_shape(b, cache_len, n, capture, hist),
               jax.eval_shape(lambda: jax.random.key(0)))
       return fn, tuple(self._abstract(a, shard) for a in args), (1,)
     return key, build
 
-  def _compact_exe(self, shard, b_old, b_new, cache_len, n, capture):
-    key = ("compact", shard, b_old, b_new, cache_len, n, capture)
+  def _decode_exe(self, shard, b, cache_len, n, capture, hist, params):
+    return self._loop_exe(shard, b, cache_len, n, capture, hist, params, plain_step, "decode")
+
+  def _spec_exe(self, shard, b, cache_len, n, capture, hist, params, strategy):
+    step = functools.partial(spec_step, strategy=strategy, rule=self.spec.config.rule)
+    return self._loop_exe(shard, b, cache_len, n, capture, hist, params, step,
+                          ("spec", strategy, self.spec.config.rule))
+
+  def _compact_exe(self, shard, b_old, b_new, cache_len, n, capture, hist):
+    key = ("compact", shard, b_old, b_new, cache_len, n, capture, hist)
 
     def fn(state, idx_B):
       return jax.tree.map(lambda x: x[idx_B], state)
 
     def build():
-      args = (self._state_shape(b_old, cache_len, n, capture),
+      args = (self._state_shape(b_old, cache_len, n, capture, hist),
               jax.ShapeDtypeStruct((b_new,), jnp.int32))
       return fn, tuple(self._abstract(a, shard) for a in args), ()  # shapes shrink: no reuse
     return key, build
@@ -253,11 +216,18 @@ class RolloutEngine:
     return p, max(cache_len, need)
 
   def generate(self, prompts: list[list[int]], group_size: int, params: SamplingParams,
-               key: jax.Array, *, capture_hidden: bool = False) -> RolloutResult:
-    """Samples `group_size` responses for every prompt; rows are ordered by sample id."""
+               key: jax.Array, *, capture_hidden: bool = False,
+               corpus: dict[int, list[int]] | None = None) -> RolloutResult:
+    """Samples `group_size` responses for every prompt; rows are ordered by sample id.
+
+    `corpus` maps a prompt index to earlier text for that prompt (e.g. its responses in earlier RL
+    steps) that the suffix proposer may draft from; it never changes what is sampled.
+    """
     p_bucket, cache_len = self.validate(prompts, group_size, params)
     n = params.max_new_tokens
-    rows = [(i * group_size + g, prompts[i]) for i in range(len(prompts)) for g in range(group_size)]
+    c_len = self.cfg.suffix_corpus_len if self.spec is not None else 0
+    hist = c_len + p_bucket + n + 1
+    rows = [(i * group_size + g, i) for i in range(len(prompts)) for g in range(group_size)]
     total = len(rows)
     out_tokens = np.full((total, n), self.pad_id, np.int32)
     out_logp = np.zeros((total, n), np.float32)
@@ -268,6 +238,7 @@ class RolloutEngine:
     out_phidden = np.zeros((total, d), np.float32) if capture_hidden else None
     timeline = Timeline(self.cfg.num_shards, compile_events_before=len(self.pool.events))
     start = time.perf_counter()
+    spec_arms = self.spec.config.arms if self.spec is not None else ()
 
     def harvest(st: DecodeState, slots: np.ndarray, ids: np.ndarray):
       """Copies the given rows of a shard state to the host results."""
@@ -287,25 +258,35 @@ class RolloutEngine:
     shard_state = [None] * self.cfg.num_shards
     for s in range(self.cfg.num_shards):
       self._schedule_precompile(s, len(waves[s][0]) if waves[s] else 0, cache_len, n,
-                                capture_hidden, params, p_bucket)
+                                capture_hidden, hist, params, p_bucket)
 
     def start_wave(s):
       wave = waves[s].pop(0)
       b = bucket_for(len(wave), self.cfg.batch_buckets)
-      prompts_np, lens_np = pad_prompts([rows[r][1] for r in wave], p_bucket, self.pad_id)
+      prompts_np, lens_np = pad_prompts([prompts[rows[r][1]] for r in wave], p_bucket,
+                                        self.pad_id)
+      hist_np = np.full((b, hist), -1, np.int32)
+      hist_len, corpus_len = np.zeros(b, np.int32), np.zeros(b, np.int32)
+      for slot, r in enumerate(wave):
+        text = list((corpus or {}).get(rows[r][1], []))[-c_len:] if c_len else []
+        seq = text + list(prompts[rows[r][1]])
+        hist_np[slot, : len(seq)] = seq
+        hist_len[slot], corpus_len[slot] = len(seq), len(text)
       pad = b - len(wave)
       prompts_np = np.pad(prompts_np, ((0, pad), (0, 0)), constant_values=self.pad_id)
       lens_np = np.pad(lens_np, (0, pad), constant_values=1)
       ids_np = np.pad(np.array([rows[r][0] for r in wave], np.int32), (0, pad))
       active = np.arange(b) < len(wave)
       t0 = time.perf_counter()
-      exe = self._get(self._prefill_exe(s, b, p_bucket, cache_len, n, capture_hidden))
+      exe = self._get(self._prefill_exe(s, b, p_bucket, cache_len, n, capture_hidden, hist))
       dev = self.devices[s]
       st = exe(self._params[s], *[jax.device_put(x, dev) for x in (
-          prompts_np, lens_np, ids_np, active)])
+          prompts_np, lens_np, ids_np, active, hist_np, hist_len, corpus_len)])
       timeline.record(s, "prefill", t0, time.perf_counter(), b, len(wave))
       slot_rows = np.concatenate([wave, np.full(pad, -1)])  # row of each slot (-1: padding)
-      return {"state": st, "b": b, "slots": slot_rows, "live": len(wave)}
+      zeros = np.zeros(b, np.int64)
+      return {"state": st, "b": b, "slots": slot_rows, "live": len(wave), "t": zeros,
+              "ss": zeros}
 
     for s in range(self.cfg.num_shards):
       if waves[s]:
@@ -317,16 +298,31 @@ class RolloutEngine:
       for s, sh in enumerate(shard_state):  # dispatch every busy shard before syncing any
         if sh is None:
           continue
-        exe = self._get(self._decode_exe(s, sh["b"], cache_len, n, capture_hidden, params))
-        sh["t0"] = time.perf_counter()
+        arm = self.spec.choose(sh["b"], sh["live"]) if self.spec is not None else None
+        if arm is None:
+          exe = self._get(self._decode_exe(s, sh["b"], cache_len, n, capture_hidden, hist,
+                                           params))
+        else:
+          exe = self._get(self._spec_exe(s, sh["b"], cache_len, n, capture_hidden, hist, params,
+                                         spec_arms[arm]))
+        sh["arm"], sh["t0"] = arm, time.perf_counter()
         sh["state"] = exe(self._params[s], sh["state"], key_dev[s])
         launched.append(s)
       for s in launched:
         sh = shard_state[s]
-        done = np.asarray(sh["state"].done_B)
+        done, t_now, ss_now = (np.asarray(x) for x in jax.device_get(
+            (sh["state"].done_B, sh["state"].t_B, sh["state"].spec_steps_B)))
+        wall = time.perf_counter() - sh["t0"]
         live_slots = np.flatnonzero(~done & (sh["slots"] >= 0))
-        timeline.record(s, "decode", sh["t0"], time.perf_counter(), sh["b"], sh["live"],
-                        steps=self.cfg.steps_per_dispatch, live_after=len(live_slots))
+        emitted = int(np.sum(t_now - sh["t"]))
+        kind = "decode" if sh["arm"] is None else f"spec:{spec_arms[sh['arm']].name}"
+        timeline.record(s, kind, sh["t0"], time.perf_counter(), sh["b"], sh["live"],
+                        steps=self.cfg.steps_per_dispatch, live_after=len(live_slots),
+                        tokens=emitted)
+        if sh["arm"] is not None:
+          row_steps = int(np.sum(ss_now - sh["ss"]))
+          self.spec.record(sh["b"], sh["arm"], emitted, row_steps, wall)
+        sh["t"], sh["ss"] = t_now, ss_now
         finished = np.flatnonzero(done & (sh["slots"] >= 0))
         if len(live_slots) == 0:
           harvest(sh["state"], finished, sh["slots"][finished])
@@ -341,24 +337,32 @@ class RolloutEngine:
           harvest(sh["state"], finished, sh["slots"][finished])
           filler = np.flatnonzero(done)[0]  # a done slot: padding rows must stay done
           idx = np.concatenate([live_slots, np.full(new_b - len(live_slots), filler)])
-          exe = self._get(self._compact_exe(s, sh["b"], new_b, cache_len, n, capture_hidden))
+          exe = self._get(self._compact_exe(s, sh["b"], new_b, cache_len, n, capture_hidden,
+                                            hist))
           sh["state"] = exe(sh["state"], jax.device_put(idx.astype(np.int32), self.devices[s]))
           slots = sh["slots"][idx]
           slots[len(live_slots):] = -1  # padding slots: already harvested, never harvested again
           sh["slots"], sh["b"] = slots, new_b
+          sh["t"], sh["ss"] = sh["t"][idx], sh["ss"][idx]
           timeline.record(s, "compact", t0, time.perf_counter(), new_b, len(live_slots))
         sh["live"] = len(live_slots)
 
     timeline.finish(time.perf_counter() - start, int(out_len.sum()), self.pool.events)
+    if self.spec is not None:
+      timeline.spec = self.spec.summary()
     reasons = ["stop" if s else "length" for s in out_stop]
     return RolloutResult(out_tokens, out_logp, out_len, reasons, out_hidden, out_phidden, timeline)
 
-  def _schedule_precompile(self, s, rows, cache_len, n, capture, params, p_bucket):
-    """Compiles, in the background, the executables this shard can reach: buckets <= its first."""
+  def _schedule_precompile(self, s, rows, cache_len, n, capture, hist, params, p_bucket):
+    """Compiles, in the background, the executables this shard can reach: buckets <= its first
+    for plain decoding, and speculative arms only for buckets that may run them (<= threshold)."""
     if not self.cfg.precompile or rows == 0:
       return
     top = bucket_for(min(rows, self.cfg.max_batch), self.cfg.batch_buckets)
     reachable = [b for b in self.cfg.batch_buckets if b <= top]
-    self.pool.precompile(*self._prefill_exe(s, top, p_bucket, cache_len, n, capture))
+    self.pool.precompile(*self._prefill_exe(s, top, p_bucket, cache_len, n, capture, hist))
     for b in reversed(reachable):
-      self.pool.precompile(*self._decode_exe(s, b, cache_len, n, capture, params))
+      self.pool.precompile(*self._decode_exe(s, b, cache_len, n, capture, hist, params))
+      if self.spec is not None and self.spec.may_run(b):
+        for arm in self.spec.config.arms:
+          self.pool.precompile(*self._spec_exe(s, b, cache_len, n, capture, hist, params, arm))

@@ -16,6 +16,7 @@ class Event:
   live: int          # live rows when the event began
   steps: int = 0
   live_after: int = -1
+  tokens: int = 0
 
 
 class Timeline:
@@ -30,10 +31,11 @@ class Timeline:
     self.tokens = 0
     self.compile_events = []
     self._compile_before = compile_events_before
+    self.spec: dict = {}
 
-  def record(self, shard, kind, start, end, bucket, live, steps=0, live_after=-1):
+  def record(self, shard, kind, start, end, bucket, live, steps=0, live_after=-1, tokens=0):
     self.events.append(Event(shard, kind, start - self.t0, end - self.t0, bucket, live, steps,
-                             live_after))
+                             live_after, tokens))
 
   def shard_done(self, shard: int, at: float) -> None:
     self.shard_end[shard] = at - self.t0
@@ -47,7 +49,8 @@ class Timeline:
 
   def live_batch(self, shard: int = 0) -> list[tuple[float, int]]:
     """(time, live rows) at each decode dispatch of `shard`: the shrinking batch."""
-    return [(e.start, e.live) for e in self.events if e.shard == shard and e.kind == "decode"]
+    return [(e.start, e.live) for e in self.events
+            if e.shard == shard and (e.kind == "decode" or e.kind.startswith("spec"))]
 
   def idle_windows(self) -> list[tuple[float, float]]:
     """Per shard, (start, end) of the window from its last row finishing to the call's end."""
@@ -55,19 +58,24 @@ class Timeline:
 
   def summary(self) -> dict:
     per_bucket: dict[int, float] = {}
-    steps = 0
+    steps, spec_s, decode_s = 0, 0.0, 0.0
     for e in self.events:
-      if e.kind == "decode":
+      if e.kind == "decode" or e.kind.startswith("spec"):
         per_bucket[e.bucket] = per_bucket.get(e.bucket, 0.0) + (e.end - e.start)
         steps += e.steps
+        decode_s += e.end - e.start
+        spec_s += (e.end - e.start) if e.kind.startswith("spec") else 0.0
     return {
         "wall_s": round(self.wall_s, 4),
         "tokens": self.tokens,
         "tokens_per_s": round(self.tokens / self.wall_s, 2) if self.wall_s else 0.0,
-        "decode_dispatches": sum(e.kind == "decode" for e in self.events),
+        "decode_dispatches": sum(e.kind == "decode" or e.kind.startswith("spec")
+                                 for e in self.events),
+        "sd_on_fraction": round(spec_s / decode_s, 4) if decode_s else 0.0,
         "decode_steps_max": steps,
         "time_per_bucket_s": {str(k): round(v, 4) for k, v in sorted(per_bucket.items())},
         "shard_idle_s": [round(self.wall_s - end, 4) for end in self.shard_end],
         "compile_events": len(self.compile_events),
         "compile_s": round(sum(c["seconds"] for c in self.compile_events), 3),
+        **({"spec": self.spec} if self.spec else {}),
     }

@@ -24,7 +24,7 @@ class TaskConfig:
   min_steps: int = 1
   max_steps: int = 16
   alpha: float = 1.3
-  max_operand: int = 30
+  max_operand: int = 9
 
   def __post_init__(self):
     if not 1 <= self.min_steps <= self.max_steps:

@@ -1,0 +1,72 @@
+"""Rollout engine benchmark; the last line is one JSON object.
+
+  python -m experiments.bench_rollout --config=experiments/configs/bench_rollout.py
+  python -m experiments.bench_rollout --config=experiments/configs/bench_rollout_smollm2.py
+"""
+
+import json
+import sys
+import tempfile
+import time
+
+import jax
+from absl import app
+from ml_collections import config_flags
+
+from tlt_jax.rollout import bench
+from tlt_jax.rollout.cost import machine_floors, param_bytes, step_cost
+from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.workloads import build_workload
+
+_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_rollout.py")
+
+
+def main(argv):
+  del argv
+  c = _CONFIG.value
+  w = build_workload(c, c.num_prompts, c.seed)
+  ecfg = EngineConfig.from_dict(c.engine)
+  key = jax.random.key(c.seed)
+  if c.compile_probe:  # one generate in this fresh process: how long did the pool compile?
+    engine = RolloutEngine(w.model, ecfg, pad_id=w.tokenizer.pad_id)
+    engine.generate(w.prompts, c.group_size, w.params, key)
+    print(json.dumps({"pool_compile_s": engine.pool.report()["compile_s"]}))
+    return
+  out = {"model": c.model, "rows": c.num_prompts * c.group_size}
+  res = bench.engine_vs_naive(w.model, w.prompts, c.group_size, w.params, ecfg, key,
+                              w.tokenizer.pad_id)
+  print(f"naive {res['naive_s']} s, engine {res['engine_s']} s, timeline {res['timeline']}")
+  out.update({k: res[k] for k in ("compaction_speedup", "tokens_per_s", "naive_s", "engine_s",
+                                  "pool_executables", "length_p50", "length_max")})
+  out["greedy_exact"] = bench.greedy_exact(w.model, w.prompts, c.group_size, w.params, ecfg, key,
+                                           w.tokenizer.pad_id)
+  out["layout_invariant"] = res["same_tokens"] and bench.layout_invariant(
+      w.model, w.prompts, c.group_size, w.params, ecfg, key, w.tokenizer.pad_id)
+  with tempfile.TemporaryDirectory() as cache_dir:
+    cfg_arg = next(a for a in sys.argv if a.startswith("--config="))
+    cold, warm = bench.compile_seconds_in_fresh_processes("experiments.bench_rollout", cfg_arg,
+                                                          cache_dir)
+  out.update(cold_compile_s=cold, warm_compile_s=warm)
+  if c.hf_compare:
+    import torch
+    import transformers
+    from tlt_jax.models.pretrained import smollm2_gguf_path
+    import os
+    path = smollm2_gguf_path()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+    for b in (1, 16):
+      r = bench.engine_vs_hf(w.model, hf, w.prompts[0], b, c.hf_new_tokens, ecfg,
+                             w.tokenizer.pad_id)
+      print(f"batch {b}: engine {r['engine_s']} s vs HF {r['hf_s']} s")
+      out[f"engine_vs_hf_b{b}"] = r["ratio"]
+    floors = machine_floors()
+    out["step_ms_b1"] = round(1e3 * step_cost(w.model, 1, 1, 512, iters=10), 2)
+    out["floor_ms_b1"] = round(1e3 * param_bytes(w.model) / (floors["bandwidth_gb_s"] * 1e9), 2)
+    out["bandwidth_gb_s"] = floors["bandwidth_gb_s"]
+  out["date"] = time.strftime("%Y-%m-%d")
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,30 @@
+"""Cost model: c(B, T) of one model step, plus this machine's bandwidth and compute floors.
+
+Run:
+  python -m experiments.bench_cost --config=experiments/configs/bench_cost.py            # tiny
+  python -m experiments.bench_cost --config=experiments/configs/bench_cost.py:smollm2
+Small CPU variant (tests):
+  python -m experiments.bench_cost --config=experiments/configs/bench_cost.py:small
+"""
+
+import ml_collections
+
+
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.model = "tiny"
+  c.batches = (1, 2, 4, 8, 16, 32, 64)
+  c.tokens = (1, 2, 4, 8, 16)
+  c.cache_len = 320
+  c.iters = 10
+  if variant == "smollm2":
+    c.model = "smollm2"
+    c.batches = (1, 2, 4, 8, 16, 32)
+    c.tokens = (1, 4, 8, 16)
+    c.cache_len = 512
+    c.iters = 5
+  elif variant == "small":
+    c.batches, c.tokens, c.iters, c.cache_len = (1, 2), (1, 2), 2, 64
+  elif variant:
+    raise ValueError(f"Unknown variant {variant!r}; use '', 'smollm2' or 'small'.")
+  return c

@@ -1,0 +1,30 @@
+"""End-to-end runs (make test-slow): the demo on the real warm start, benchmark variants."""
+
+import pytest
+
+from tests.test_launchers import last_json, run_module
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_meets_the_task_properties():
+  """The warm-started policy at temperature 1: accuracy in [0.2, 0.7], a long tail of lengths
+  (p99 >= 5 x median) and >= 30% of G=8 groups with mixed rewards."""
+  out = last_json(run_module("experiments.demo", "--config=experiments/configs/demo.py",
+                             timeout=1500))
+  assert 0.2 <= out["warm_start_accuracy"] <= 0.7
+  assert out["length_p99"] >= 5 * out["length_p50"]
+  assert out["mixed_group_fraction"] >= 0.3
+
+
+def test_bench_rollout_small(tmp_path):
+  out = last_json(run_module("experiments.bench_rollout",
+                             "--config=experiments/configs/bench_rollout.py:small",
+                             f"--config.sft.cache_dir={tmp_path}"))
+  assert out["greedy_exact"] is True and out["layout_invariant"] is True
+  assert out["pool_executables"] >= 2 and out["cold_compile_s"] > 0
+
+
+def test_bench_cost_small():
+  out = last_json(run_module("experiments.bench_cost", "--config=experiments/configs/bench_cost.py:small"))
+  assert out["bandwidth_gb_s"] > 0 and len(out["table"]) == 4

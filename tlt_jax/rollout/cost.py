@@ -1,0 +1,68 @@
+"""Cost microbenchmarks: c(B, T), the time of one model step at batch B with T tokens per row,
+and this machine's memory-bandwidth and compute floors. Speculative decoding pays where
+c(B, 1 + depth) is not much more than c(B, 1): these numbers choose its thresholds and arms."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tlt_jax.models import kv_cache as kvc
+
+
+def _median_time(fn, iters: int) -> float:
+  fn()  # compile and warm
+  times = []
+  for _ in range(iters):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def machine_floors(mbytes: int = 256, n: int = 2048, iters: int = 5) -> dict:
+  """Measured memory bandwidth (GB/s, read + write of a large array) and f32 matmul GFLOP/s."""
+  x = jnp.ones((mbytes * 1024 * 1024 // 4,), jnp.float32)
+  scale = jax.jit(lambda x: x * 1.0001)
+  t = _median_time(lambda: scale(x), iters)
+  bandwidth = 2 * x.nbytes / t / 1e9
+  a = jnp.ones((n, n), jnp.float32)
+  mm = jax.jit(lambda a: a @ a)
+  t = _median_time(lambda: mm(a), iters)
+  return {"bandwidth_gb_s": round(bandwidth, 2), "matmul_gflop_s": round(2 * n ** 3 / t / 1e9, 1)}
+
+
+def param_bytes(model) -> int:
+  return int(sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param))))
+
+
+def step_cost(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 64,
+              iters: int = 10) -> float:
+  """Median seconds of one jitted cached step: `tokens` new tokens for each of `batch` rows,
+  over a committed prefix of `prefix` tokens, followed by a commit (as a decode or a verify)."""
+  graphdef, state = nnx.split(model)
+  cfg = model.cfg
+
+  @jax.jit
+  def step(state, cache, toks):
+    out = nnx.merge(graphdef, state)(toks, cache)
+    return out.logits_BxTxV, kvc.commit(out.cache, jnp.ones((batch,), jnp.int32))
+
+  cache = kvc.init_cache(cfg, batch, cache_len)
+  cache = cache.replace(lengths_B=jnp.full((batch,), prefix, jnp.int32))
+  toks = jnp.ones((batch, tokens), jnp.int32)
+  return _median_time(lambda: step(state, cache, toks), iters)
+
+
+def cost_table(model, batches, tokens, cache_len: int, iters: int = 10) -> list[dict]:
+  """c(B, T) for every pair, in milliseconds, with the per-row-token cost."""
+  rows = []
+  for b in batches:
+    for t in tokens:
+      c = step_cost(model, b, t, cache_len, iters=iters)
+      rows.append({"B": b, "T": t, "ms": round(1e3 * c, 3), "us_per_token": round(1e6 * c / (b * t), 2)})
+  return rows

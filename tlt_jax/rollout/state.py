@@ -1,0 +1,111 @@
+"""The decode state of one shard, and the plain (one token per row) decode step.
+
+Invariant shared by plain and speculative steps: every token a row has emitted has been fed to the
+model and committed to its cache, and `logits_BxV` are the logits after the last of them, so the
+next token is sampled from `logits_BxV` with the noise of its own position. A speculative step that
+ends on a rejection leaves that position's token in `pending_B` (forced next, -1 when none). Either
+step can follow the other without flushing or re-prefilling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from tlt_jax.models import kv_cache as kvc
+from tlt_jax.rollout.sampling import SamplingParams, processed_logprobs, sample_from_logprobs
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeState:
+  """Everything one shard's decode loop carries, batch-leading: compacted as one pytree."""
+
+  cache: kvc.KVCache
+  logits_BxV: jax.Array       # next-token logits of each row
+  pending_B: jax.Array        # forced next token (rejection rule), -1 when none
+  sample_id_B: jax.Array
+  t_B: jax.Array              # tokens emitted so far
+  done_B: jax.Array
+  stopped_B: jax.Array        # ended on a stop token (else: length)
+  tokens_BxN: jax.Array
+  logprobs_BxN: jax.Array
+  hidden_BxNxD: jax.Array     # hidden state of each emitted token ([B, 0, D] when not captured)
+  prompt_hidden_BxD: jax.Array  # hidden state of the last prompt token (it predicted token 0)
+  history_BxH: jax.Array      # suffix corpus, then prompt, then response (for the suffix proposer)
+  hist_len_B: jax.Array
+  corpus_len_B: jax.Array
+  spec_steps_B: jax.Array     # speculative steps taken while live
+  spec_tokens_B: jax.Array    # tokens those steps emitted
+
+
+def empty_state(cfg, b: int, cache_len: int, n: int, capture: bool, history: int,
+                pad_id: int) -> DecodeState:
+  i32 = lambda: jnp.zeros((b,), jnp.int32)
+  return DecodeState(
+      cache=kvc.init_cache(cfg, b, cache_len), logits_BxV=jnp.zeros((b, cfg.vocab_size)),
+      pending_B=jnp.full((b,), -1, jnp.int32), sample_id_B=i32(), t_B=i32(),
+      done_B=jnp.ones((b,), bool), stopped_B=jnp.zeros((b,), bool),
+      tokens_BxN=jnp.full((b, n), pad_id, jnp.int32), logprobs_BxN=jnp.zeros((b, n), jnp.float32),
+      hidden_BxNxD=jnp.zeros((b, n if capture else 0, cfg.d_model), jnp.dtype(cfg.dtype)),
+      prompt_hidden_BxD=jnp.zeros((b, cfg.d_model), jnp.dtype(cfg.dtype)),
+      history_BxH=jnp.full((b, history), -1, jnp.int32), hist_len_B=i32(), corpus_len_B=i32(),
+      spec_steps_B=i32(), spec_tokens_B=i32())
+
+
+def next_token(st: DecodeState, params: SamplingParams, key) -> tuple[jax.Array, jax.Array]:
+  """The row's next token (pending, else sampled at its own position) and its log-prob."""
+  logp_BxV = processed_logprobs(st.logits_BxV, params)
+  sampled = sample_from_logprobs(logp_BxV, params, key, st.sample_id_B, st.t_B)
+  tok_B = jnp.where(st.pending_B >= 0, st.pending_B, sampled)
+  return tok_B, jnp.take_along_axis(logp_BxV, tok_B[:, None], axis=1)[:, 0]
+
+
+def emit(st: DecodeState, toks_BxM, logps_BxM, hidden_BxMxD, m_B, stop_ids, n: int,
+         pad_id: int) -> tuple[DecodeState, jax.Array]:
+  """Appends the first `m_B` of M candidate tokens per row, cut at a stop token or max length.
+
+  Returns the new state (cache, logits and pending untouched) and the kept count per row.
+  """
+  b, mm = toks_BxM.shape
+  live_B = ~st.done_B
+  j_M = jnp.arange(mm)
+  is_stop_BxM = jnp.isin(toks_BxM, stop_ids)
+  cand_BxM = (j_M[None] < m_B[:, None]) & live_B[:, None]
+  first_stop_B = jnp.min(jnp.where(is_stop_BxM & cand_BxM, j_M[None], mm), axis=1)
+  keep_B = jnp.minimum(jnp.minimum(m_B, first_stop_B + 1), n - st.t_B)
+  keep_B = jnp.where(live_B, keep_B, 0)
+  keep_BxM = j_M[None] < keep_B[:, None]
+  rows = jnp.arange(b)[:, None]
+  pos_BxM = jnp.where(keep_BxM, st.t_B[:, None] + j_M[None], n)  # n: out of range, dropped
+  tokens = st.tokens_BxN.at[rows, pos_BxM].set(toks_BxM, mode="drop")
+  logprobs = st.logprobs_BxN.at[rows, pos_BxM].set(logps_BxM, mode="drop")
+  hidden = st.hidden_BxNxD
+  if hidden.shape[1]:
+    hidden = hidden.at[rows, pos_BxM].set(hidden_BxMxD.astype(hidden.dtype), mode="drop")
+  hpos_BxM = jnp.where(keep_BxM, st.hist_len_B[:, None] + j_M[None], st.history_BxH.shape[1])
+  history = st.history_BxH.at[rows, hpos_BxM].set(toks_BxM, mode="drop")
+  t_B = st.t_B + keep_B
+  hit_stop_B = live_B & (first_stop_B < keep_B)
+  done_B = st.done_B | hit_stop_B | (t_B >= n)
+  return dataclasses.replace(
+      st, tokens_BxN=tokens, logprobs_BxN=logprobs, hidden_BxNxD=hidden, history_BxH=history,
+      hist_len_B=st.hist_len_B + keep_B, t_B=t_B, done_B=done_B,
+      stopped_B=st.stopped_B | hit_stop_B), keep_B
+
+
+def plain_step(model, st: DecodeState, params: SamplingParams, key, stop_ids, n: int,
+               pad_id: int) -> DecodeState:
+  """One token per live row: sample, record, feed, commit."""
+  live_B = ~st.done_B
+  tok_B, lp_B = next_token(st, params, key)
+  tok_B = jnp.where(live_B, tok_B, pad_id)
+  out = model(tok_B[:, None], st.cache)
+  st, keep_B = emit(st, tok_B[:, None], lp_B[:, None], out.hidden_BxTxD, jnp.ones_like(st.t_B),
+                    stop_ids, n, pad_id)
+  return dataclasses.replace(
+      st, cache=kvc.commit(out.cache, keep_B),
+      logits_BxV=jnp.where((keep_B > 0)[:, None], out.logits_BxTxV[:, 0], st.logits_BxV),
+      pending_B=jnp.where(keep_B > 0, -1, st.pending_B))

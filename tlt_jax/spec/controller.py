@@ -1,0 +1,60 @@
+"""The adaptive part of speculative decoding: when to speculate, which arm, and when to stop.
+
+A shard speculates while its live batch is <= `threshold`; the bandit picks an arm per batch
+bucket among the arms the health monitor still allows; with none left, decoding is plain.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from tlt_jax.spec.bandit import BucketedEpsilonGreedy
+from tlt_jax.spec.health import HealthMonitor
+from tlt_jax.spec.strategy import SpecConfig
+
+
+class SpecController:
+  def __init__(self, config: SpecConfig, batch_buckets):
+    self.config = config
+    self.top_bucket = next((b for b in batch_buckets if b >= config.threshold), batch_buckets[-1])
+    self.bandit = BucketedEpsilonGreedy(len(config.arms), config.epsilon, config.window,
+                                        config.seed)
+    self.health = HealthMonitor([a.name for a in config.arms], config.min_accept_len,
+                                config.health_window)
+    self.tokens = collections.Counter()
+    self.row_steps = collections.Counter()
+
+  def may_run(self, bucket: int) -> bool:
+    """Whether any speculative executable can be needed at this batch bucket."""
+    return bucket <= self.top_bucket
+
+  def choose(self, bucket: int, live: int) -> int | None:
+    if live > self.config.threshold or self.health.fallback:
+      return None
+    return self.bandit.choose(bucket, self.health.allowed())
+
+  def record(self, bucket: int, arm: int, tokens: int, row_steps: int, wall_s: float) -> None:
+    self.bandit.update(bucket, arm, tokens / max(wall_s, 1e-9))
+    self.health.record(arm, row_steps, tokens)
+    self.tokens[arm] += tokens
+    self.row_steps[arm] += row_steps
+
+  def accept_len(self) -> float:
+    """Mean tokens emitted per speculative row-step (the bonus token included)."""
+    steps = sum(self.row_steps.values())
+    return sum(self.tokens.values()) / steps if steps else 0.0
+
+  def summary(self) -> dict:
+    names = [a.name for a in self.config.arms]
+    buckets = sorted({b for b, _ in self.bandit.choices})
+    return {
+        "accept_len": round(self.accept_len(), 3),
+        "accept_len_per_arm": {names[a]: round(self.tokens[a] / self.row_steps[a], 3)
+                               for a in self.row_steps if self.row_steps[a]},
+        "chosen_per_bucket": {str(b): names[self.bandit.best(b, list(range(len(names))))]
+                              for b in buckets if self.bandit.best(b, list(range(len(names))))
+                              is not None},
+        "retired": {names[a]: round(v, 3) for a, v in self.health.retired.items()},
+        "fallback": self.health.fallback,
+        "health_events": list(self.health.events),
+    }

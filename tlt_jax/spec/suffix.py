@@ -1,0 +1,46 @@
+"""Model-free suffix proposer: drafts by matching the row's latest tokens in text it has seen.
+
+The text searched is a per-row corpus (earlier responses to the same prompt, e.g. from earlier RL
+steps) followed by the row's own prompt and response so far. The longest n-gram (n <= `ngram`)
+that ends the row's text and occurred before is found, latest occurrence first, and the `k`
+tokens that followed it are proposed. It needs no training, so it never goes stale; drafts are
+deterministic (a point mass for the rejection rule).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def suffix_propose(seq_BxL: jax.Array, len_B: jax.Array, k: int, ngram: int,
+                   valid_from_B: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """Drafts `[B, k]` continuing `seq[:len]`, and the matched n-gram length `[B]` (0: none).
+
+  `seq_BxL` holds corpus then context; positions `< valid_from` (default 0) are unused padding.
+  Drafts never read past `len` (positions not yet written propose -1, which never matches).
+  """
+  b, l = seq_BxL.shape
+  valid_from_B = jnp.zeros((b,), jnp.int32) if valid_from_B is None else valid_from_B
+
+  def row(seq_L, n_len, start):
+    pos_L = jnp.arange(l)
+    best_end, best_n = jnp.int32(-1), jnp.int32(0)
+    for n in range(1, ngram + 1):  # longer n-grams overwrite shorter ones where found
+      q = jax.lax.dynamic_slice(seq_L, (jnp.maximum(n_len - n, 0),), (n,)) if n <= l else None
+      ok_L = jnp.ones((l,), bool)
+      for j in range(n):
+        shifted = jnp.roll(seq_L, n - j)  # shifted[e] = seq[e - n + j]
+        ok_L &= shifted == q[j]
+      # e: index right after the match; the match must lie in [start, len - 1) and end before
+      # the query itself so that at least one known token follows it.
+      ok_L &= (pos_L - n >= start) & (pos_L < n_len) & (n_len >= n)
+      end = jnp.max(jnp.where(ok_L, pos_L, -1))
+      found = end >= 0
+      best_end = jnp.where(found, end, best_end)
+      best_n = jnp.where(found, n, best_n)
+    idx_K = best_end + jnp.arange(k)
+    drafts = jnp.where((best_end >= 0) & (idx_K < n_len), seq_L[jnp.clip(idx_K, 0, l - 1)], -1)
+    return drafts.astype(jnp.int32), best_n
+
+  return jax.vmap(row)(seq_BxL, len_B, valid_from_B)

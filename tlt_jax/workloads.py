@@ -1,0 +1,56 @@
+"""The two workloads, built from a config: `tiny` on the built-in task (warm-started policy) and
+`smollm2` on the procedural word problems. Used by the benchmarks and the trainer."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from tlt_jax.evaluation import task_lengths
+from tlt_jax.rollout.sampling import SamplingParams
+from tlt_jax.tasks import arithmetic
+from tlt_jax.tasks.tokenizer import CharTokenizer
+
+
+@dataclasses.dataclass
+class Workload:
+  model: object
+  tokenizer: object
+  prompts: list[list[int]]
+  answers: list
+  params: SamplingParams
+  reward_fn: object  # (response ids, answer) -> float
+
+
+def build_workload(c: ml_collections.ConfigDict, num_prompts: int, seed: int) -> Workload:
+  """Model, tokenised prompts, answers, sampling params and reward for `c.model`."""
+  if c.model == "tiny":
+    from tlt_jax import sft
+    model, _ = sft.warm_start(c.sft)
+    tok = CharTokenizer(model.cfg.vocab_size)
+    task = arithmetic.TaskConfig.from_dict(c.sft.task)
+    problems = arithmetic.make_problems(num_prompts, task, seed=seed)
+    _, max_new = task_lengths(task)
+    prompts = [arithmetic.encode_prompt(tok, p) for p in problems]
+    answers = [p.answer for p in problems]
+    reward = lambda ids, ans: arithmetic.reward(tok.decode(ids), ans)
+  elif c.model == "smollm2":
+    from tlt_jax.models.pretrained import load_pretrained
+    from tlt_jax.tasks.math_answers import verify
+    from tlt_jax.tasks.math_data import chat_prompt
+    from tlt_jax.tasks.word_problems import WordProblemConfig, make_word_problems
+    model, tok = load_pretrained("smollm2")
+    problems = make_word_problems(num_prompts, WordProblemConfig(**c.word_problems), seed)
+    prompts = [tok.encode(chat_prompt(tok, p.question)) for p in problems]
+    answers = [p.answer for p in problems]
+    max_new = c.max_new_tokens
+    reward = lambda ids, ans: verify(tok.decode(ids), ans)
+  else:
+    raise ValueError(f"Unknown workload model {c.model!r}; use 'tiny' or 'smollm2'.")
+  if c.get("max_new_tokens"):
+    max_new = c.max_new_tokens
+  params = SamplingParams(temperature=c.temperature, top_k=c.get("top_k", 0),
+                          top_p=c.get("top_p", 1.0), max_new_tokens=max_new,
+                          stop_tokens=(tok.eos_id,))
+  return Workload(model, tok, prompts, answers, params, reward)
