@@ -1,0 +1,176 @@
+"""Speculative decoding in the engine: exactness (greedy, coupled), distribution (rejection) with
+wrong variants it must catch, truncation at stop tokens, and the health fallback."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from tests.conftest import small_config
+from tests.statistics import pooled_chi_square_pvalue
+from tlt_jax.models import init_model
+from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.sampling import SamplingParams, processed_logprobs
+from tlt_jax.spec import verify
+from tlt_jax.spec.strategy import SpecConfig, Strategy
+
+STOPS = (7, 9, 11)
+ARMS = (Strategy(depth=2), Strategy(depth=4, ngram=2), Strategy(depth=6, ngram=1))
+
+
+def _prompts(n=5, seed=0, v=53):
+  rng = np.random.default_rng(seed)
+  return [rng.integers(3, v, size=int(rng.integers(2, 14))).tolist() for _ in range(n)]
+
+
+def peaked_model(scale=3.0, **cfg):
+  """A random untied model with a sharpened head: its continuations fall into cycles, so suffix
+  drafts are often right and speculative steps accept several tokens."""
+  m = init_model(small_config(tie_embeddings=False, **cfg), seed=0)
+  m.lm_head.kernel[...] = m.lm_head.kernel[...] * scale
+  return m
+
+
+def _run(model, params, prompts, g, spec=None, key=0, **kw):
+  base = dict(batch_buckets=(1, 2, 4, 8, 16), max_batch=16, steps_per_dispatch=3,
+              precompile=False)
+  base.update(kw)
+  eng = RolloutEngine(model, EngineConfig(**base), spec=spec)
+  return eng.generate(prompts, g, params, jax.random.key(key), capture_hidden=True), eng
+
+
+@pytest.mark.parametrize("threshold,buckets,n,g", [
+    (16, (1, 2, 4, 8, 16), 5, 2),   # speculating from the first step
+    (4, (1, 2, 4, 8, 16), 8, 1),    # switching on mid-rollout, once 4 rows or fewer are live
+    (16, (16,), 5, 2)])             # one bucket: no compaction
+def test_greedy_sd_equals_plain_greedy(threshold, buckets, n, g):
+  model = peaked_model()
+  params = SamplingParams(temperature=0.0, max_new_tokens=24, stop_tokens=STOPS)
+  prompts = _prompts(n, seed=4)
+  plain, _ = _run(model, params, prompts, g, batch_buckets=buckets)
+  sd, eng = _run(model, params, prompts, g, SpecConfig(threshold=threshold, arms=ARMS),
+                 batch_buckets=buckets)
+  np.testing.assert_array_equal(sd.tokens, plain.tokens)
+  np.testing.assert_array_equal(sd.lengths, plain.lengths)
+  np.testing.assert_allclose(sd.logprobs, plain.logprobs, atol=1e-5)
+  np.testing.assert_allclose(sd.hidden, plain.hidden, atol=1e-4)
+  assert eng.spec.accept_len() > 1.2  # speculation really accepted tokens
+
+
+@pytest.mark.parametrize("rule", ["coupled", "rejection"])
+def test_greedy_is_the_temperature_zero_case_of_both_rules(rule):
+  model = peaked_model()
+  params = SamplingParams(temperature=0.0, max_new_tokens=16, stop_tokens=STOPS)
+  plain, _ = _run(model, params, _prompts(3, 1), 2)
+  sd, _ = _run(model, params, _prompts(3, 1), 2, SpecConfig(threshold=16, rule=rule, arms=ARMS))
+  np.testing.assert_array_equal(sd.tokens, plain.tokens)
+
+
+def test_coupled_equals_plain_sampling_token_for_token():
+  model = peaked_model(scale=30.0)
+  params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=24, stop_tokens=STOPS)
+  prompts = _prompts(6, seed=2)
+  plain, _ = _run(model, params, prompts, 2, key=11)
+  sd, eng = _run(model, params, prompts, 2, SpecConfig(threshold=12, rule="coupled", arms=ARMS,
+                                                       min_accept_len=0.0), key=11)
+  np.testing.assert_array_equal(sd.tokens, plain.tokens)
+  np.testing.assert_allclose(sd.logprobs, plain.logprobs, atol=1e-5)
+  np.testing.assert_allclose(sd.hidden, plain.hidden, atol=1e-4)
+  assert eng.spec.accept_len() > 1.1
+  assert sd.timeline.summary()["sd_on_fraction"] > 0
+
+
+# ---------------------------------------------------------------- rejection: distribution
+
+V, NEW, N = 5, 3, 4000
+_REAL_REJECTION = verify.verify_chain_rejection
+PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+
+
+def _exact_joint(model, params):
+  """P(first NEW tokens) under plain sampling, by enumerating every sequence."""
+  seqs = np.array(list(itertools.product(range(V), repeat=NEW)))
+  full = jnp.asarray(np.concatenate([np.tile(PROMPT, (len(seqs), 1)), seqs], axis=1))
+  logp = processed_logprobs(model(full).logits_BxTxV[:, len(PROMPT) - 1: -1], params)
+  lp = jnp.take_along_axis(logp, jnp.asarray(seqs)[:, :, None], axis=2)[:, :, 0].sum(axis=1)
+  return np.exp(np.asarray(lp))
+
+
+def _sd_joint_counts(model, params, arms):
+  eng = RolloutEngine(model, EngineConfig(batch_buckets=(N,), max_batch=N, steps_per_dispatch=4,
+                                          precompile=False, prefill_buckets=(16,)),
+                      spec=SpecConfig(threshold=N, rule="rejection", arms=arms,
+                                      min_accept_len=0.0))
+  res = eng.generate([PROMPT], N, params, jax.random.key(123))
+  idx = np.ravel_multi_index(res.tokens[:, :NEW].T, (V,) * NEW)
+  return np.bincount(idx, minlength=V ** NEW), eng
+
+
+PARAMS = [SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=NEW),
+          SamplingParams(temperature=0.7, top_k=3, max_new_tokens=NEW)]
+
+
+@pytest.fixture(scope="module")
+def vmodel():
+  return peaked_model(scale=2.0, vocab_size=V)
+
+
+@pytest.mark.parametrize("params", PARAMS)
+@pytest.mark.parametrize("depth", [1, 2])
+def test_rejection_sd_matches_plain_sampling_in_distribution(vmodel, params, depth):
+  """Chi-square over the joint of the first 3 tokens (cells with expected count < 5 pooled),
+  4000 samples, fixed seed; the test passes at significance 1e-3."""
+  counts, eng = _sd_joint_counts(vmodel, params, (Strategy(depth=depth, ngram=2),))
+  assert eng.spec.accept_len() > 1.1  # drafts were really verified and kept
+  assert pooled_chi_square_pvalue(counts, _exact_joint(vmodel, params)) > 1e-3
+
+
+def _residual_from_p(logp, drafts, q, key, ids, t0):  # wrong: resample from p, not p - q
+  n_acc, _ = _REAL_REJECTION(logp, drafts, q, key, ids, t0)
+  j = jnp.minimum(n_acc, drafts.shape[1] - 1)
+  lp_j = jnp.take_along_axis(logp, j[:, None, None], axis=1)[:, 0]
+  resampled = jax.vmap(lambda lp, i, t, jj: jnp.argmax(lp + jax.random.gumbel(
+      verify.stream_key(key, i, t + 1 + jj, verify.RESIDUAL_STREAM), lp.shape)))(
+          lp_j, ids, t0, j).astype(jnp.int32)
+  return n_acc, jnp.where(n_acc < drafts.shape[1], resampled, -1)
+
+
+def _uniform_q(logp, drafts, q, key, ids, t0):  # wrong: q is not what the drafts came from
+  return _REAL_REJECTION(logp, drafts, jnp.full_like(q, 1.0 / q.shape[-1]), key, ids, t0)
+
+
+def _accept_all(logp, drafts, q, key, ids, t0):  # wrong: lossy acceptance
+  n = jnp.full(drafts.shape[:1], drafts.shape[1], jnp.int32)
+  return n, jnp.full_like(n, -1)
+
+
+# A "bonus token drawn from q" bug cannot be written here: after a full accept the bonus is the
+# next step's plain sample from p (see spec/step.py). Tree sibling-mass removal is tested in
+# test_verify.py.
+@pytest.mark.parametrize("wrong", [_residual_from_p, _uniform_q, _accept_all])
+def test_the_distribution_test_catches_subtly_wrong_rules(vmodel, monkeypatch, wrong):
+  """The same test, at depth 1, on three subtly wrong rules."""
+  params = PARAMS[0]
+  monkeypatch.setattr(verify, "verify_chain_rejection", wrong)
+  counts, _ = _sd_joint_counts(vmodel, params, (Strategy(depth=1, ngram=2),))
+  assert pooled_chi_square_pvalue(counts, _exact_joint(vmodel, params)) < 1e-3
+
+
+# ---------------------------------------------------------------- health
+
+def test_a_useless_proposer_triggers_the_fallback_within_its_window():
+  """On an unpeaked random model sampled at temperature 1 the suffix drafts almost never match:
+  each arm is retired after `health_window` speculative row-steps, then decoding is plain."""
+  model = init_model(small_config(), seed=0)
+  params = SamplingParams(temperature=1.0, max_new_tokens=40)
+  spec = SpecConfig(threshold=16, rule="coupled", arms=ARMS[:2], health_window=12)
+  plain, _ = _run(model, params, _prompts(4, 3), 2, key=5)
+  sd, eng = _run(model, params, _prompts(4, 3), 2, spec, key=5)
+  assert eng.spec.health.fallback and len(eng.spec.health.events) == 2
+  # each arm speculated for at most one window (+ one dispatch of the whole batch) before retiring
+  assert sum(eng.spec.row_steps.values()) <= 2 * (12 + 8 * 3)
+  np.testing.assert_array_equal(sd.tokens, plain.tokens)  # and nothing changed
+  assert sd.timeline.summary()["spec"]["fallback"] is True
