@@ -42,6 +42,10 @@ def main(argv):
                                            w.tokenizer.pad_id)
   out["layout_invariant"] = res["same_tokens"] and bench.layout_invariant(
       w.model, w.prompts, c.group_size, w.params, ecfg, key, w.tokenizer.pad_id)
+  if c.dispatch_sweep:
+    out["engine_s_by_steps_per_dispatch"] = bench.dispatch_sweep(
+        w.model, w.prompts, c.group_size, w.params, ecfg, key, c.dispatch_sweep,
+        w.tokenizer.pad_id)
   with tempfile.TemporaryDirectory() as cache_dir:
     cfg_arg = next(a for a in sys.argv if a.startswith("--config="))
     cold, warm = bench.compile_seconds_in_fresh_processes("experiments.bench_rollout", cfg_arg,

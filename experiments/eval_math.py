@@ -28,7 +28,8 @@ def main(argv):
   model, tok = load_pretrained(c.model)
   load_s = time.time() - start
   stats = evaluate_math(model, tok, problems, group_size=c.group_size, temperature=c.temperature,
-                        max_new_tokens=c.max_new_tokens, seed=c.seed, rows_per_call=c.rows_per_call)
+                        max_new_tokens=c.max_new_tokens, seed=c.seed, rows_per_call=c.rows_per_call,
+                        instruction=c.instruction)
   print(json.dumps({"model": c.model, "load_s": round(load_s, 2), "reward": stats["accuracy"],
                     **stats, "eval_s": round(time.time() - start - load_s, 1)}))
 

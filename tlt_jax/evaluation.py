@@ -9,7 +9,7 @@ from tlt_jax.rollout.plain import generate_plain
 from tlt_jax.rollout.sampling import SamplingParams
 from tlt_jax.tasks import arithmetic
 from tlt_jax.tasks.math_answers import verify
-from tlt_jax.tasks.math_data import MathProblem, chat_prompt
+from tlt_jax.tasks.math_data import INSTRUCTION, MathProblem, chat_prompt
 from tlt_jax.tasks.tokenizer import CharTokenizer
 
 
@@ -68,9 +68,9 @@ def evaluate_task(model, task: arithmetic.TaskConfig, *, num_prompts: int, group
 
 def evaluate_math(model, tokenizer, problems: list[MathProblem], *, group_size: int,
                   temperature: float, max_new_tokens: int, seed: int = 0, rows_per_call: int = 16,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, instruction: str = INSTRUCTION) -> dict:
   """Samples chat-formatted answers to math problems and verifies their final answers."""
-  prompts = [tokenizer.encode(chat_prompt(tokenizer, p.question)) for p in problems]
+  prompts = [tokenizer.encode(chat_prompt(tokenizer, p.question, instruction)) for p in problems]
   bucket = int(-(-max(len(p) for p in prompts) // 32) * 32)
   params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
                           stop_tokens=(tokenizer.eos_id,))

@@ -42,7 +42,7 @@ def build_workload(c: ml_collections.ConfigDict, num_prompts: int, seed: int) ->
     from tlt_jax.tasks.word_problems import WordProblemConfig, make_word_problems
     model, tok = load_pretrained("smollm2")
     problems = make_word_problems(num_prompts, WordProblemConfig(**c.word_problems), seed)
-    prompts = [tok.encode(chat_prompt(tok, p.question)) for p in problems]
+    prompts = [tok.encode(chat_prompt(tok, p.question, c.instruction)) for p in problems]
     answers = [p.answer for p in problems]
     max_new = c.max_new_tokens
     reward = lambda ids, ans: verify(tok.decode(ids), ans)

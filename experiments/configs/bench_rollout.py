@@ -27,12 +27,15 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       prefill_buckets=(16, 32, 64, 128, 256, 512), steps_per_dispatch=8, num_shards=1,
       cache_slack=0, compile_cache_dir="", precompile=False))
   c.compile_probe = False
+  c.dispatch_sweep = (1, 4, 8, 16)  # steps per dispatch to time (host-sync cadence)
   c.hf_compare = False
   c.hf_new_tokens = 32
   c.word_problems = ml_collections.ConfigDict(dict(min_steps=1, max_steps=2, max_value=20))
+  c.instruction = "Answer briefly."  # the smollm2 workload's prompt suffix
   if variant == "small":
     c.num_prompts, c.group_size, c.max_new_tokens = 4, 4, 24
     c.engine.batch_buckets, c.engine.max_batch = (1, 2, 4, 8, 16), 16
+    c.dispatch_sweep = (2,)
   elif variant:
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
   return c

@@ -113,3 +113,16 @@ def engine_vs_hf(model, hf_model, prompt_ids: list[int], batch: int, new_tokens:
   hf()
   theirs = min(timed(hf)[1] for _ in range(2))
   return {"engine_s": round(ours, 3), "hf_s": round(theirs, 3), "ratio": round(theirs / ours, 3)}
+
+
+def dispatch_sweep(model, prompts, group_size, params, engine_cfg: EngineConfig, key, ks,
+                   pad_id=0) -> dict:
+  """Warm engine wall time for each number of decode steps per dispatch (host-sync cadence)."""
+  out = {}
+  for k in ks:
+    engine = RolloutEngine(model, dataclasses.replace(engine_cfg, steps_per_dispatch=int(k)),
+                           pad_id=pad_id)
+    run = lambda: engine.generate(prompts, group_size, params, key)
+    run()
+    out[str(k)] = round(min(timed(run)[1] for _ in range(2)), 3)
+  return out

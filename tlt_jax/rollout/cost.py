@@ -24,12 +24,17 @@ def _median_time(fn, iters: int) -> float:
   return float(np.median(times))
 
 
-def machine_floors(mbytes: int = 256, n: int = 2048, iters: int = 5) -> dict:
-  """Measured memory bandwidth (GB/s, read + write of a large array) and f32 matmul GFLOP/s."""
+def machine_floors(mbytes: int = 512, n: int = 2048, iters: int = 5) -> dict:
+  """Measured read bandwidth (GB/s: the best of a large sum and a large matrix-vector product,
+  the decode step's own pattern) and f32 matmul GFLOP/s."""
   x = jnp.ones((mbytes * 1024 * 1024 // 4,), jnp.float32)
-  scale = jax.jit(lambda x: x * 1.0001)
-  t = _median_time(lambda: scale(x), iters)
-  bandwidth = 2 * x.nbytes / t / 1e9
+  total = jax.jit(jnp.sum)
+  t_sum = _median_time(lambda: total(x), iters)
+  w = x.reshape(8192, -1)
+  v = jnp.ones((1, 8192), jnp.float32)
+  matvec = jax.jit(lambda w, v: v @ w)
+  t_mv = _median_time(lambda: matvec(w, v), iters)
+  bandwidth = x.nbytes / min(t_sum, t_mv) / 1e9
   a = jnp.ones((n, n), jnp.float32)
   mm = jax.jit(lambda a: a @ a)
   t = _median_time(lambda: mm(a), iters)

@@ -107,9 +107,22 @@ class RolloutEngine:
     self.devices = devices[: config.num_shards]
     configure_compilation_cache(config.compile_cache_dir)
     self.graphdef, state = nnx.split(model)
-    self.pool = ExecutablePool()
+    self.pool = ExecutablePool(cache_dir=config.compile_cache_dir,
+                               fingerprint=self._fingerprint(state))
     self._params = None
     self.set_weights(state)
+
+  def _fingerprint(self, state) -> str:
+    """What, besides the pool key, determines a compiled program."""
+    import hashlib
+    import pathlib
+    src = hashlib.sha256()
+    for f in sorted(pathlib.Path(__file__).resolve().parents[1].rglob("*.py")):
+      src.update(f.read_bytes())
+    shapes = jax.tree.map(lambda x: (x.shape, str(x.dtype)), state)
+    return "|".join([jax.__version__, repr(self.model_cfg), repr(shapes), src.hexdigest(),
+                     repr(self.pad_id), repr([str(d) for d in self.devices]),
+                     repr(self.cfg), repr(self.spec.config if self.spec else None)])
 
   # ------------------------------------------------------------------ weights
 

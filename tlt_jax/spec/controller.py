@@ -24,6 +24,11 @@ class SpecController:
     self.tokens = collections.Counter()
     self.row_steps = collections.Counter()
 
+  def reset_stats(self) -> None:
+    """Forgets accepted-length counts (not the bandit's rewards): for measuring a later call."""
+    self.tokens.clear()
+    self.row_steps.clear()
+
   def may_run(self, bucket: int) -> bool:
     """Whether any speculative executable can be needed at this batch bucket."""
     return bucket <= self.top_bucket

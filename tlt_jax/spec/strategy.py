@@ -48,3 +48,10 @@ class SpecConfig:
   @property
   def max_depth(self) -> int:
     return max(a.depth for a in self.arms)
+
+
+def spec_config_from_dict(d) -> SpecConfig:
+  """A `SpecConfig` from an ml-collections dict whose `arms` are (proposer, depth, ngram)."""
+  d = dict(d)
+  arms = tuple(Strategy(str(a[0]), int(a[1]), int(a[2])) for a in d.pop("arms"))
+  return SpecConfig(arms=arms, **d)

@@ -1,0 +1,48 @@
+"""Speculative decoding against the plain engine's best mode; the last line is one JSON object.
+
+  python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py
+  python -m experiments.bench_spec --config=experiments/configs/bench_spec_tiny.py
+"""
+
+import json
+import time
+
+import jax
+from absl import app
+from ml_collections import config_flags
+
+from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.spec import bench
+from tlt_jax.spec.strategy import spec_config_from_dict
+from tlt_jax.workloads import build_workload
+
+_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_spec_tiny.py")
+
+
+def main(argv):
+  del argv
+  c = _CONFIG.value
+  w = build_workload(c, c.num_prompts, c.seed)
+  ecfg = EngineConfig.from_dict(c.engine)
+  spec = spec_config_from_dict(c.spec)
+  key = jax.random.key(c.seed)
+  args = (w.model, w.prompts, c.group_size)
+  sampled = bench.compare(*args, w.params, ecfg, spec, key, w.tokenizer.pad_id, c.repeats)
+  print(f"temperature {c.temperature}: {json.dumps(sampled)}")
+  greedy = bench.compare(*args, bench.greedy_params(w.params), ecfg, spec, key,
+                         w.tokenizer.pad_id, c.repeats)
+  print(f"greedy: {json.dumps(greedy)}")
+  out = {"model": c.model, "rule": spec.rule, "threshold": spec.threshold,
+         "rows": c.num_prompts * c.group_size, "temperature": c.temperature,
+         "sd_phase_speedup": sampled["sd_phase_speedup"],
+         "rollout_speedup": sampled["rollout_speedup"], "accept_len": sampled["accept_len"],
+         "accept_len_greedy": greedy["accept_len"], "greedy_exact": greedy["identical"],
+         "coupled_identical": sampled["identical"] if spec.rule == "coupled" else None,
+         "chosen_per_bucket": sampled["chosen_per_bucket"],
+         "speedup_per_bucket": {b: r["speedup"] for b, r in sampled["per_bucket"].items()},
+         "date": time.strftime("%Y-%m-%d")}
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  app.run(main)
