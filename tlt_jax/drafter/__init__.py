@@ -1,0 +1,1 @@
+"""The EAGLE-style drafter: model, losses, training from rollout hidden states."""

@@ -1,0 +1,100 @@
+"""EAGLE-style drafter: one decoder layer over `fc(concat(embed(x_{t+1}), features_t))`.
+
+`features_t` is the target's final hidden state at position t (EAGLE), or, for the EAGLE-3-style
+variant, the concatenation of the target's hidden states at several layers (`feature_layers`,
+e.g. low/mid/high). The drafter's output `g_t` approximates the target's final hidden state at
+t + 1, and its logits are the target's own LM head applied to `g_t`: the embedding and the head
+are the current policy's, shared and frozen (they are passed in, never copied), so the drafter
+always speaks the policy's vocabulary. Deeper draft steps feed the drafter its own `g` as the
+feature of the previous position. The drafter has its own static-shape KV cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.kv_cache import KVCache, init_cache
+from tlt_jax.models.transformer import Block
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterConfig:
+  """`feature_layers` empty: EAGLE (final hidden); else EAGLE-3 fusion of those target layers."""
+
+  feature_layers: tuple[int, ...] = ()
+  smooth_l1_weight: float = 1.0
+  ce_weight: float = 0.1
+
+  def n_features(self) -> int:
+    return max(1, len(self.feature_layers))
+
+
+def layer_config(target: ModelConfig) -> ModelConfig:
+  """The drafter's decoder layer has the target's width, heads and RoPE; one layer."""
+  return target.replace(n_layers=1)
+
+
+class Drafter(nnx.Module):
+  def __init__(self, target: ModelConfig, cfg: DrafterConfig, *, rngs: nnx.Rngs):
+    self.target_cfg, self.cfg = target, cfg
+    lc = layer_config(target)
+    d = target.d_model
+    kw = dict(rngs=rngs, kernel_init=nnx.initializers.normal(0.02),
+              param_dtype=jnp.dtype(target.param_dtype), dtype=jnp.dtype(target.dtype))
+    # EAGLE-3: fused low/mid/high features are first projected to the model width, so that deeper
+    # draft steps can feed the drafter's own D-wide output in their place.
+    self.feat_proj = (nnx.Linear(cfg.n_features() * d, d, use_bias=False, **kw)
+                      if cfg.feature_layers else None)
+    self.fc = nnx.Linear(2 * d, d, use_bias=True, **kw)
+    self.layer = Block(lc, rngs=rngs)
+    from tlt_jax.models.layers import RMSNorm
+    self.norm = RMSNorm(d, target.norm_eps, param_dtype=jnp.dtype(target.param_dtype))
+
+  def project(self, feats_BxTxF) -> jax.Array:
+    """Target features (`target_features`) to the D-wide input the drafter reads."""
+    return feats_BxTxF if self.feat_proj is None else self.feat_proj(feats_BxTxF)
+
+  def __call__(self, tok_emb_BxTxD, h_BxTxD, cache: KVCache | None = None, *,
+               depth_T=None, tree_mask_TxT=None) -> tuple[jax.Array, KVCache | None]:
+    """Drafter outputs `g` `[B, T, D]` (post-norm, ready for the target's head) from the next
+    tokens' embeddings and the previous positions' D-wide features."""
+    from tlt_jax.models import kv_cache as kvc
+    x = self.fc(jnp.concatenate([tok_emb_BxTxD, h_BxTxD], axis=-1))
+    b, t, _ = x.shape
+    if cache is None:
+      positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+      mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+      x, _ = self.layer(x, positions, lambda k, v: (k, v, mask))
+      return self.norm(x), None
+    depth_T = jnp.arange(t) if depth_T is None else depth_T
+    positions = cache.lengths_B[:, None] + depth_T[None, :]
+    over_B = kvc.check_write(cache, t)
+    mask = kvc.visible_mask(cache, t, tree_mask_TxT)
+
+    def kv_fn(k_new, v_new):
+      return (kvc.write_layer(cache.k[0], k_new, cache.lengths_B),
+              kvc.write_layer(cache.v[0], v_new, cache.lengths_B), mask)
+    x, (k_all, v_all) = self.layer(x, positions, kv_fn)
+    cache = cache.replace(k=(k_all,), v=(v_all,), overflow_B=cache.overflow_B | over_B)
+    return self.norm(x), cache
+
+
+def init_drafter(target: ModelConfig, cfg: DrafterConfig = DrafterConfig(), seed: int = 0
+                 ) -> Drafter:
+  return Drafter(target, cfg, rngs=nnx.Rngs(seed))
+
+
+def drafter_cache(target: ModelConfig, batch: int, max_len: int) -> KVCache:
+  return init_cache(layer_config(target), batch, max_len)
+
+
+def target_features(layers_hidden, final_hidden, cfg: DrafterConfig) -> jax.Array:
+  """The features the drafter reads from a target forward (final hidden, or fused layers)."""
+  if not cfg.feature_layers:
+    return final_hidden
+  return jnp.concatenate([layers_hidden[i] for i in cfg.feature_layers], axis=-1)

@@ -1,0 +1,82 @@
+"""Drafter training steps and the offline warm-up on the target's own rollouts.
+
+The target is frozen: its weights enter as jit arguments (no gradient), only the drafter's
+parameters are optimised (AdamW 0.9/0.95, weight decay 1e-2, clipping 1.0, as in TLT).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from tlt_jax.drafter.losses import drafter_loss
+from tlt_jax.drafter.model import Drafter, target_features
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterTrainConfig:
+  lr: float = 3e-4
+  warmup_steps: int = 20
+  weight_decay: float = 1e-2
+  clip: float = 1.0
+
+  def optimizer(self) -> optax.GradientTransformation:
+    schedule = optax.linear_schedule(0.0, self.lr, max(self.warmup_steps, 1))
+    return optax.chain(optax.clip_by_global_norm(self.clip),
+                       optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=self.weight_decay))
+
+
+def teacher_batch(target, tokens_BxL: np.ndarray, cfg) -> tuple[jax.Array, jax.Array]:
+  """(features, final hidden) of a full target forward over the sequences."""
+  out = target(jnp.asarray(tokens_BxL), return_layers=bool(cfg.feature_layers))
+  return target_features(out.layers, out.hidden_BxTxD, cfg), out.hidden_BxTxD
+
+
+class DrafterTrainer:
+  """Owns the drafter's optimizer state and step count; `step` is one jitted update."""
+
+  def __init__(self, drafter: Drafter, target, train_cfg: DrafterTrainConfig = DrafterTrainConfig()):
+    self.graphdef, self.params = nnx.split(drafter, nnx.Param)
+    self.target_graphdef, self.target_params = nnx.split(target)
+    self.opt = train_cfg.optimizer()
+    self.opt_state = self.opt.init(self.params)
+    self.step_count = 0
+    graphdef, target_graphdef, opt = self.graphdef, self.target_graphdef, self.opt
+
+    @jax.jit
+    def update(params, opt_state, target_params, tokens, feats, hidden, mask):
+      tgt = nnx.merge(target_graphdef, target_params)
+
+      def loss_fn(p):
+        return drafter_loss(nnx.merge(graphdef, p), tgt, tokens, feats, hidden, mask)
+      (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+      updates, opt_state = opt.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, metrics
+
+    self._update = update
+
+  def set_target(self, target_params) -> None:
+    """The policy changed: the shared embedding/head (and features) follow the new weights."""
+    self.target_params = target_params
+
+  def step(self, tokens, feats, hidden, mask) -> dict:
+    self.params, self.opt_state, metrics = self._update(
+        self.params, self.opt_state, self.target_params, tokens, feats, hidden, mask)
+    self.step_count += 1
+    return {k: float(v) for k, v in metrics.items()}
+
+  def drafter(self) -> Drafter:
+    return nnx.merge(self.graphdef, self.params)
+
+  def state(self) -> dict:
+    return {"params": self.params, "opt_state": self.opt_state,
+            "step": jnp.int32(self.step_count)}
+
+  def load_state(self, state: dict) -> None:
+    self.params, self.opt_state = state["params"], state["opt_state"]
+    self.step_count = int(state["step"])
