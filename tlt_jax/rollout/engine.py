@@ -23,10 +23,10 @@ from flax import nnx
 from jax.sharding import SingleDeviceSharding
 
 from tlt_jax.models import kv_cache as kvc
-from tlt_jax.rollout.plain import pad_prompts, prefill
+from tlt_jax.rollout.plain import pad_prompts
 from tlt_jax.rollout.pool import ExecutablePool, configure_compilation_cache
 from tlt_jax.rollout.sampling import SamplingParams
-from tlt_jax.rollout.state import DecodeState, empty_state, plain_step
+from tlt_jax.rollout.state import DecodeState, empty_state, needs_layers, plain_step
 from tlt_jax.rollout.timeline import Timeline
 from tlt_jax.spec.controller import SpecController
 from tlt_jax.spec.step import spec_step
@@ -93,7 +93,9 @@ class RolloutEngine:
   """Generates G samples per prompt with compaction, k-step dispatches and per-device shards."""
 
   def __init__(self, model, config: EngineConfig, *, pad_id: int = 0, devices=None,
-               spec: SpecConfig | None = None):
+               spec: SpecConfig | None = None, drafter=None):
+    if spec is not None and any(a.proposer == "eagle" for a in spec.arms) and drafter is None:
+      raise ValueError("SpecConfig has 'eagle' arms but no drafter was given to the engine.")
     if spec is not None and config.cache_slack < spec.max_depth + 1:
       config = dataclasses.replace(config, cache_slack=spec.max_depth + 1)
     self.cfg = config
@@ -107,10 +109,18 @@ class RolloutEngine:
     self.devices = devices[: config.num_shards]
     configure_compilation_cache(config.compile_cache_dir)
     self.graphdef, state = nnx.split(model)
+    self.dgraphdef, dstate = nnx.split(drafter) if drafter is not None else (None, None)
+    self.drafter_features = (drafter.cfg.n_features() * model.cfg.d_model
+                             if drafter is not None else 0)
+    self.drafter_version = 0
     self.pool = ExecutablePool(cache_dir=config.compile_cache_dir,
-                               fingerprint=self._fingerprint(state))
+                               fingerprint=self._fingerprint((state, dstate)))
     self._params = None
+    self._dparams = [None] * len(self.devices)
+    self._abstract_dparams = None
     self.set_weights(state)
+    if drafter is not None:
+      self.set_drafter(dstate)
 
   def _fingerprint(self, state) -> str:
     """What, besides the pool key, determines a compiled program."""
@@ -132,6 +142,25 @@ class RolloutEngine:
     self._abstract_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
     self._params = [jax.device_put(state, SingleDeviceSharding(d)) for d in self.devices]
 
+  def set_drafter(self, state, version: int | None = None) -> None:
+    """Publishes drafter weights to every shard (between dispatches: never mid-verification)."""
+    if self.dgraphdef is None:
+      raise ValueError("This engine was built without a drafter.")
+    self._abstract_dparams = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    self._dparams = [jax.device_put(state, SingleDeviceSharding(d)) for d in self.devices]
+    self.drafter_version = self.drafter_version + 1 if version is None else version
+
+  def _weights(self, shard: int):
+    return (self._params[shard], self._dparams[shard])
+
+  def _abstract_weights(self):
+    return (self._abstract_params, self._abstract_dparams)
+
+  def _merge(self, weights):
+    model = nnx.merge(self.graphdef, weights[0])
+    drafter = nnx.merge(self.dgraphdef, weights[1]) if weights[1] is not None else None
+    return model, drafter
+
   # ------------------------------------------------------------------ executables
 
   def _abstract(self, tree, shard: int):
@@ -140,24 +169,36 @@ class RolloutEngine:
 
   def _state_shape(self, b: int, cache_len: int, n: int, capture: bool, hist: int):
     return jax.eval_shape(lambda: empty_state(self.model_cfg, b, cache_len, n, capture, hist,
-                                              self.pad_id))
+                                              self.pad_id, self.drafter_features))
 
   def _prefill_exe(self, shard, b, p, cache_len, n, capture, hist):
     key = ("prefill", shard, b, p, cache_len, n, capture, hist)
-    graphdef, cfg, pad_id = self.graphdef, self.model_cfg, self.pad_id
+    cfg, pad_id, nf = self.model_cfg, self.pad_id, self.drafter_features
 
-    def fn(params, prompts_BxP, lens_B, ids_B, active_B, hist_prefix_BxH, hist_len_B, corpus_len_B):
-      model = nnx.merge(graphdef, params)
-      st = empty_state(cfg, b, cache_len, n, capture, hist, pad_id)
-      logits, hidden, cache = prefill(model, st.cache, prompts_BxP, lens_B)
-      return dataclasses.replace(
-          st, cache=cache, logits_BxV=logits, sample_id_B=ids_B, done_B=~active_B,
-          prompt_hidden_BxD=hidden.astype(st.prompt_hidden_BxD.dtype),
+    def fn(weights, prompts_BxP, lens_B, ids_B, active_B, hist_prefix_BxH, hist_len_B,
+           corpus_len_B):
+      model, drafter = self._merge(weights)
+      st = empty_state(cfg, b, cache_len, n, capture, hist, pad_id, nf)
+      out = model(prompts_BxP, st.cache, return_layers=needs_layers(drafter))
+      cache = kvc.commit(out.cache, lens_B)
+      rows, last_B = jnp.arange(b), lens_B - 1
+      st = dataclasses.replace(
+          st, cache=cache, logits_BxV=out.logits_BxTxV[rows, last_B], sample_id_B=ids_B,
+          done_B=~active_B,
+          prompt_hidden_BxD=out.hidden_BxTxD[rows, last_B].astype(st.prompt_hidden_BxD.dtype),
           history_BxH=hist_prefix_BxH, hist_len_B=hist_len_B, corpus_len_B=corpus_len_B)
+      if drafter is None:
+        return st
+      # The drafter reads the prompt too: pairs (x_{t+1}, feature_t) for t < len - 1.
+      from tlt_jax.drafter.follow import consume
+      from tlt_jax.drafter.model import target_features
+      feats = target_features(out.layers, out.hidden_BxTxD, drafter.cfg).astype(st.feat_BxF.dtype)
+      dcache = consume(drafter, model, st.dcache, prompts_BxP[:, 1:], feats[:, :-1], last_B)
+      return dataclasses.replace(st, dcache=dcache, feat_BxF=feats[rows, last_B])
 
     def build():
       i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
-      args = (self._abstract_params, i32(b, p), i32(b), i32(b),
+      args = (self._abstract_weights(), i32(b, p), i32(b), i32(b),
               jax.ShapeDtypeStruct((b,), bool), i32(b, hist), i32(b), i32(b))
       return fn, tuple(self._abstract(a, shard) for a in args), ()
     return key, build
@@ -166,17 +207,18 @@ class RolloutEngine:
                 name):
     """A dispatch: up to `steps_per_dispatch` applications of `step_fn` (stops when all done)."""
     key = (name, shard, b, cache_len, n, capture, hist, params)
-    graphdef, k_steps, pad_id = self.graphdef, self.cfg.steps_per_dispatch, self.pad_id
+    k_steps, pad_id = self.cfg.steps_per_dispatch, self.pad_id
     stop_ids = jnp.array(params.stop_tokens or (-1,), jnp.int32)
 
-    def fn(params_, state: DecodeState, key_):
-      model = nnx.merge(graphdef, params_)
-      body = lambda c: (c[0] + 1, step_fn(model, c[1], params, key_, stop_ids, n, pad_id))
+    def fn(weights, state: DecodeState, key_):
+      model, drafter = self._merge(weights)
+      body = lambda c: (c[0] + 1, step_fn(model, drafter, c[1], params, key_, stop_ids, n,
+                                          pad_id))
       cond = lambda c: (c[0] < k_steps) & ~jnp.all(c[1].done_B)
       return jax.lax.while_loop(cond, body, (jnp.int32(0), state))[1]
 
     def build():
-      args = (self._abstract_params, self._state_shape(b, cache_len, n, capture, hist),
+      args = (self._abstract_weights(), self._state_shape(b, cache_len, n, capture, hist),
               jax.eval_shape(lambda: jax.random.key(0)))
       return fn, tuple(self._abstract(a, shard) for a in args), (1,)
     return key, build
@@ -293,7 +335,7 @@ class RolloutEngine:
       t0 = time.perf_counter()
       exe = self._get(self._prefill_exe(s, b, p_bucket, cache_len, n, capture_hidden, hist))
       dev = self.devices[s]
-      st = exe(self._params[s], *[jax.device_put(x, dev) for x in (
+      st = exe(self._weights(s), *[jax.device_put(x, dev) for x in (
           prompts_np, lens_np, ids_np, active, hist_np, hist_len, corpus_len)])
       timeline.record(s, "prefill", t0, time.perf_counter(), b, len(wave))
       slot_rows = np.concatenate([wave, np.full(pad, -1)])  # row of each slot (-1: padding)
@@ -319,7 +361,7 @@ class RolloutEngine:
           exe = self._get(self._spec_exe(s, sh["b"], cache_len, n, capture_hidden, hist, params,
                                          spec_arms[arm]))
         sh["arm"], sh["t0"] = arm, time.perf_counter()
-        sh["state"] = exe(self._params[s], sh["state"], key_dev[s])
+        sh["state"] = exe(self._weights(s), sh["state"], key_dev[s])
         launched.append(s)
       for s in launched:
         sh = shard_state[s]

@@ -39,12 +39,20 @@ class DecodeState:
   corpus_len_B: jax.Array
   spec_steps_B: jax.Array     # speculative steps taken while live
   spec_tokens_B: jax.Array    # tokens those steps emitted
+  dcache: kvc.KVCache | None = None   # the drafter's cache (see drafter/follow.py), if any
+  feat_BxF: jax.Array | None = None   # target feature of the last fed token, for the drafter
 
 
 def empty_state(cfg, b: int, cache_len: int, n: int, capture: bool, history: int,
-                pad_id: int) -> DecodeState:
+                pad_id: int, drafter_features: int = 0) -> DecodeState:
+  """A state of `b` done rows; `drafter_features` > 0 adds a drafter cache and feature slot."""
   i32 = lambda: jnp.zeros((b,), jnp.int32)
-  return DecodeState(
+  extra = {}
+  if drafter_features:
+    from tlt_jax.drafter.model import drafter_cache
+    extra = dict(dcache=drafter_cache(cfg, b, cache_len),
+                 feat_BxF=jnp.zeros((b, drafter_features), jnp.dtype(cfg.dtype)))
+  return DecodeState(**extra,
       cache=kvc.init_cache(cfg, b, cache_len), logits_BxV=jnp.zeros((b, cfg.vocab_size)),
       pending_B=jnp.full((b,), -1, jnp.int32), sample_id_B=i32(), t_B=i32(),
       done_B=jnp.ones((b,), bool), stopped_B=jnp.zeros((b,), bool),
@@ -96,16 +104,40 @@ def emit(st: DecodeState, toks_BxM, logps_BxM, hidden_BxMxD, m_B, stop_ids, n: i
       stopped_B=st.stopped_B | hit_stop_B), keep_B
 
 
-def plain_step(model, st: DecodeState, params: SamplingParams, key, stop_ids, n: int,
+def follow_drafter(model, drafter, old: DecodeState, new: DecodeState, out, inputs_BxT,
+                   keep_B, dcache=None, first: int = 0) -> DecodeState:
+  """Keeps the drafter in step after a target forward over `inputs_BxT` of which `keep_B` were
+  kept: it consumes the pairs (input j, feature before input j) for j in [first, keep)."""
+  if drafter is None:
+    return new
+  from tlt_jax.drafter.follow import consume
+  from tlt_jax.drafter.model import target_features
+  feats_BxTxF = target_features(out.layers, out.hidden_BxTxD, drafter.cfg).astype(
+      old.feat_BxF.dtype)
+  before_BxTxF = jnp.concatenate([old.feat_BxF[:, None], feats_BxTxF[:, :-1]], axis=1)
+  dcache = consume(drafter, model, old.dcache if dcache is None else dcache,
+                   inputs_BxT[:, first:], before_BxTxF[:, first:], jnp.maximum(keep_B - first, 0))
+  rows = jnp.arange(keep_B.shape[0])
+  last_BxF = feats_BxTxF[rows, jnp.maximum(keep_B - 1, 0)]
+  return dataclasses.replace(new, dcache=dcache,
+                             feat_BxF=jnp.where((keep_B > 0)[:, None], last_BxF, old.feat_BxF))
+
+
+def needs_layers(drafter) -> bool:
+  return drafter is not None and bool(drafter.cfg.feature_layers)
+
+
+def plain_step(model, drafter, st: DecodeState, params: SamplingParams, key, stop_ids, n: int,
                pad_id: int) -> DecodeState:
-  """One token per live row: sample, record, feed, commit."""
+  """One token per live row: sample, record, feed, commit (and keep the drafter in step)."""
   live_B = ~st.done_B
   tok_B, lp_B = next_token(st, params, key)
   tok_B = jnp.where(live_B, tok_B, pad_id)
-  out = model(tok_B[:, None], st.cache)
-  st, keep_B = emit(st, tok_B[:, None], lp_B[:, None], out.hidden_BxTxD, jnp.ones_like(st.t_B),
-                    stop_ids, n, pad_id)
-  return dataclasses.replace(
-      st, cache=kvc.commit(out.cache, keep_B),
+  out = model(tok_B[:, None], st.cache, return_layers=needs_layers(drafter))
+  new, keep_B = emit(st, tok_B[:, None], lp_B[:, None], out.hidden_BxTxD, jnp.ones_like(st.t_B),
+                     stop_ids, n, pad_id)
+  new = dataclasses.replace(
+      new, cache=kvc.commit(out.cache, keep_B),
       logits_BxV=jnp.where((keep_B > 0)[:, None], out.logits_BxTxV[:, 0], st.logits_BxV),
       pending_B=jnp.where(keep_B > 0, -1, st.pending_B))
+  return follow_drafter(model, drafter, st, new, out, tok_B[:, None], keep_B)

@@ -15,35 +15,44 @@ import jax.numpy as jnp
 
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.rollout.sampling import SamplingParams, processed_logprobs
-from tlt_jax.rollout.state import DecodeState, emit, next_token
+from tlt_jax.rollout.state import DecodeState, emit, follow_drafter, needs_layers, next_token
 from tlt_jax.spec import verify
 from tlt_jax.spec.strategy import Strategy
 from tlt_jax.spec.suffix import suffix_propose
 
 
-def spec_step(model, st: DecodeState, params: SamplingParams, key, stop_ids, n: int, pad_id: int,
-              *, strategy: Strategy, rule: str) -> DecodeState:
+def spec_step(model, drafter, st: DecodeState, params: SamplingParams, key, stop_ids, n: int,
+              pad_id: int, *, strategy: Strategy, rule: str) -> DecodeState:
   b, k = st.t_B.shape[0], strategy.depth
   rows = jnp.arange(b)
   live_B = ~st.done_B
   s0_B, lp0_B = next_token(st, params, key)
   s0_B = jnp.where(live_B, s0_B, pad_id)
-  hist = st.history_BxH.at[rows, st.hist_len_B].set(s0_B, mode="drop")
-  drafts_BxK, _ = suffix_propose(hist, st.hist_len_B + 1, k, strategy.ngram)
-  valid_BxK = jnp.cumprod((drafts_BxK >= 0).astype(jnp.int32), axis=1).astype(bool)
+  dcache = None
+  if strategy.proposer == "eagle":
+    from tlt_jax.drafter.follow import draft_chain
+    drafts_BxK, q_BxKxV, dcache = draft_chain(drafter, model, st.dcache, s0_B, st.feat_BxF, k,
+                                              params, key, st.sample_id_B, st.t_B, rule, live_B)
+    valid_BxK = jnp.ones((b, k), bool)
+  else:
+    hist = st.history_BxH.at[rows, st.hist_len_B].set(s0_B, mode="drop")
+    drafts_BxK, _ = suffix_propose(hist, st.hist_len_B + 1, k, strategy.ngram)
+    valid_BxK = jnp.cumprod((drafts_BxK >= 0).astype(jnp.int32), axis=1).astype(bool)
+    q_BxKxV = None
   n_valid_B = jnp.sum(valid_BxK, axis=1)
   drafts_BxK = jnp.where(valid_BxK, drafts_BxK, pad_id)
 
-  out = model(jnp.concatenate([s0_B[:, None], drafts_BxK], axis=1), st.cache)
+  inputs_BxM = jnp.concatenate([s0_B[:, None], drafts_BxK], axis=1)
+  out = model(inputs_BxM, st.cache, return_layers=needs_layers(drafter))
   logp_BxKxV = processed_logprobs(out.logits_BxTxV[:, :k], params)  # p_1 .. p_k
   if rule == "coupled" or params.greedy:
     n_acc_B, forced_B = verify.verify_chain_coupled(
         logp_BxKxV, jnp.where(valid_BxK, drafts_BxK, -1), key, st.sample_id_B, st.t_B,
         params.greedy)
   else:
-    n_acc_B, forced_B = verify.verify_chain_rejection(
-        logp_BxKxV, drafts_BxK, verify.point_mass(drafts_BxK, logp_BxKxV.shape[-1]), key,
-        st.sample_id_B, st.t_B)
+    q = verify.point_mass(drafts_BxK, logp_BxKxV.shape[-1]) if q_BxKxV is None else q_BxKxV
+    n_acc_B, forced_B = verify.verify_chain_rejection(logp_BxKxV, drafts_BxK, q, key,
+                                                      st.sample_id_B, st.t_B)
     forced_B = jnp.where(n_acc_B < n_valid_B, forced_B, -1)  # a short chain is not a rejection
   n_acc_B = jnp.minimum(n_acc_B, n_valid_B)
 
@@ -53,9 +62,13 @@ def spec_step(model, st: DecodeState, params: SamplingParams, key, stop_ids, n: 
   m_B = n_acc_B + 1
   new, keep_B = emit(st, cand_BxM, cand_lp_BxM, out.hidden_BxTxD, m_B, stop_ids, n, pad_id)
   last_logits = out.logits_BxTxV[rows, jnp.maximum(keep_B - 1, 0)]
-  return dataclasses.replace(
+  new = dataclasses.replace(
       new, cache=kvc.commit(out.cache, keep_B),
       logits_BxV=jnp.where((keep_B > 0)[:, None], last_logits, st.logits_BxV),
       pending_B=jnp.where((keep_B > 0) & (keep_B == m_B), forced_B,
                           jnp.where(keep_B > 0, -1, st.pending_B)),
       spec_steps_B=st.spec_steps_B + live_B, spec_tokens_B=st.spec_tokens_B + keep_B)
+  # The drafter consumed (s0, old feature) while drafting; it now catches up on the kept drafts
+  # with the target's true features.
+  return follow_drafter(model, drafter, st, new, out, inputs_BxM, keep_B, dcache=dcache,
+                        first=1 if dcache is not None else 0)

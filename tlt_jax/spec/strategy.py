@@ -14,8 +14,8 @@ class Strategy:
   ngram: int = 3
 
   def __post_init__(self):
-    if self.proposer != "suffix":
-      raise ValueError(f"Unknown proposer {self.proposer!r}; available: 'suffix'.")
+    if self.proposer not in ("suffix", "eagle"):
+      raise ValueError(f"Unknown proposer {self.proposer!r}; available: 'suffix', 'eagle'.")
     if self.depth < 1 or self.ngram < 1:
       raise ValueError(f"Strategy depth and ngram must be >= 1, got {self.depth}, {self.ngram}.")
 

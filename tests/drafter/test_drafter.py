@@ -1,0 +1,131 @@
+"""The EAGLE drafter: cache decoding, training signal, and exact speculative decoding with it."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.conftest import small_config
+from tests.spec.test_spec_engine import (PARAMS, PROMPT, V, _exact_joint, _prompts, peaked_model)
+from tests.statistics import pooled_chi_square_pvalue
+from tlt_jax.drafter.model import DrafterConfig, drafter_cache, init_drafter
+from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer, teacher_batch
+from tlt_jax.models import commit
+from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.sampling import SamplingParams
+from tlt_jax.spec.strategy import SpecConfig, Strategy
+
+STOPS = (7, 9, 11)
+EAGLE = (Strategy("eagle", depth=3), Strategy("eagle", depth=5))
+
+
+@pytest.mark.parametrize("layers", [(), (0, 1, 2)])
+def test_drafter_cache_decoding_equals_its_full_forward(layers):
+  target = peaked_model()
+  d = init_drafter(target.cfg, DrafterConfig(feature_layers=layers), seed=1)
+  emb = jax.random.normal(jax.random.key(0), (2, 9, 32))
+  h = jax.random.normal(jax.random.key(1), (2, 9, 32))
+  full, _ = d(emb, h)
+  cache = drafter_cache(target.cfg, 2, 16)
+  a, cache = d(emb[:, :5], h[:, :5], cache)
+  cache = commit(cache, jnp.array([5, 5]))
+  b, _ = d(emb[:, 5:], h[:, 5:], cache)
+  np.testing.assert_allclose(jnp.concatenate([a, b], 1), full, atol=1e-5)
+
+
+def _trained_drafter(target, layers=(), steps=60):
+  """A drafter fitted to the target's own greedy rollouts (teacher forcing, TLT's loss)."""
+  params = SamplingParams(temperature=0.0, max_new_tokens=24)
+  eng = RolloutEngine(target, EngineConfig(batch_buckets=(32,), max_batch=32, precompile=False))
+  prompts = _prompts(16, seed=9)
+  res = eng.generate(prompts, 2, params, jax.random.key(0))
+  seqs = [prompts[i // 2] + res.response(i) for i in range(32)]
+  toks = np.zeros((32, 40), np.int32)
+  mask = np.zeros((32, 40), np.float32)
+  for i, s in enumerate(seqs):
+    toks[i, : len(s)], mask[i, : len(s)] = s, 1
+  cfg = DrafterConfig(feature_layers=layers)
+  trainer = DrafterTrainer(init_drafter(target.cfg, cfg, seed=2), target,
+                           DrafterTrainConfig(lr=3e-3, warmup_steps=5))
+  feats, hidden = teacher_batch(target, toks, cfg)
+  first = trainer.step(jnp.asarray(toks), feats, hidden, jnp.asarray(mask))
+  for _ in range(steps):
+    last = trainer.step(jnp.asarray(toks), feats, hidden, jnp.asarray(mask))
+  return trainer.drafter(), first, last
+
+
+def test_training_lowers_the_loss_and_raises_agreement():
+  _, first, last = _trained_drafter(peaked_model())
+  assert last["loss"] < 0.7 * first["loss"]
+  assert last["top1_agreement"] > first["top1_agreement"] + 0.2
+
+
+def _run(model, params, prompts, g, spec=None, drafter=None, key=0):
+  eng = RolloutEngine(model, EngineConfig(batch_buckets=(1, 2, 4, 8, 16), max_batch=16,
+                                          steps_per_dispatch=3, precompile=False),
+                      spec=spec, drafter=drafter)
+  return eng.generate(prompts, g, params, jax.random.key(key), capture_hidden=True), eng
+
+
+@pytest.mark.parametrize("trained,layers", [(False, ()), (True, ()), (True, (0, 1, 2))])
+def test_eagle_greedy_equals_plain_greedy(trained, layers):
+  target = peaked_model()
+  drafter = (_trained_drafter(target, layers)[0] if trained
+             else init_drafter(target.cfg, DrafterConfig(feature_layers=layers), seed=3))
+  params = SamplingParams(temperature=0.0, max_new_tokens=24, stop_tokens=STOPS)
+  prompts = _prompts(5, seed=4)
+  plain, _ = _run(target, params, prompts, 2)
+  sd, eng = _run(target, params, prompts, 2,
+                 SpecConfig(threshold=16, arms=EAGLE, min_accept_len=0.0), drafter)
+  np.testing.assert_array_equal(sd.tokens, plain.tokens)
+  np.testing.assert_allclose(sd.logprobs, plain.logprobs, atol=1e-5)
+  np.testing.assert_allclose(sd.hidden, plain.hidden, atol=1e-4)
+  if trained:  # a drafter that follows the target's cache and features gets drafts accepted
+    assert eng.spec.accept_len() > 1.1
+
+
+def test_eagle_coupled_equals_plain_sampling():
+  target = peaked_model(scale=8.0)
+  drafter = _trained_drafter(target)[0]
+  params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=24, stop_tokens=STOPS)
+  prompts = _prompts(6, seed=2)
+  plain, _ = _run(target, params, prompts, 2, key=11)
+  sd, eng = _run(target, params, prompts, 2,
+                 SpecConfig(threshold=12, rule="coupled", arms=EAGLE, min_accept_len=0.0),
+                 drafter, key=11)
+  np.testing.assert_array_equal(sd.tokens, plain.tokens)
+  assert eng.spec.accept_len() > 1.1
+
+
+def test_eagle_rejection_matches_plain_sampling_in_distribution():
+  """q is the drafter's processed distribution the drafts were drawn from."""
+  target = peaked_model(scale=2.0, vocab_size=V)
+  drafter = init_drafter(target.cfg, DrafterConfig(), seed=4)
+  params = PARAMS[0]
+  n = 4000
+  eng = RolloutEngine(target, EngineConfig(batch_buckets=(n,), max_batch=n, steps_per_dispatch=4,
+                                           precompile=False, prefill_buckets=(16,)),
+                      spec=SpecConfig(threshold=n, rule="rejection", min_accept_len=0.0,
+                                      arms=(Strategy("eagle", depth=2),)), drafter=drafter)
+  res = eng.generate([PROMPT], n, params, jax.random.key(321))
+  idx = np.ravel_multi_index(res.tokens[:, :3].T, (V,) * 3)
+  counts = np.bincount(idx, minlength=V ** 3)
+  assert eng.spec.accept_len() > 1.1
+  assert pooled_chi_square_pvalue(counts, _exact_joint(target, params)) > 1e-3
+
+
+def test_a_random_drafter_triggers_the_health_fallback():
+  """Greedy, so that agreement is not helped by shared noise (under `coupled`, a random drafter
+  agrees with a flat target often: both take the Gumbel-max of the same noise)."""
+  target = init_model_untied()
+  drafter = init_drafter(target.cfg, DrafterConfig(), seed=5)
+  params = SamplingParams(temperature=0.0, max_new_tokens=40)
+  sd, eng = _run(target, params, _prompts(4, 3), 2,
+                 SpecConfig(threshold=16, arms=EAGLE, health_window=12), drafter, key=5)
+  assert eng.spec.health.fallback
+  assert sum(eng.spec.row_steps.values()) <= 2 * (12 + 8 * 3)
+
+
+def init_model_untied():
+  from tlt_jax.models import init_model
+  return init_model(small_config(tie_embeddings=False), seed=0)
