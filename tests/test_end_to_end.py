@@ -28,3 +28,11 @@ def test_bench_rollout_small(tmp_path):
 def test_bench_cost_small():
   out = last_json(run_module("experiments.bench_cost", "--config=experiments/configs/bench_cost.py:small"))
   assert out["bandwidth_gb_s"] > 0 and len(out["table"]) == 4
+
+
+def test_bench_spec_small(tmp_path):
+  out = last_json(run_module("experiments.bench_spec",
+                             "--config=experiments/configs/bench_spec_tiny.py:small",
+                             f"--config.sft.cache_dir={tmp_path}"))
+  assert out["greedy_exact"] is True and out["coupled_identical"] is True
+  assert out["accept_len"] >= 1.0
