@@ -144,3 +144,20 @@ def test_generate_cli_json_on_a_local_checkpoint(checkpoint):
   too_long = run_module("experiments.generate", f"--model={directory}", "--prompt=" + "hi " * 200,
                         "--max_new_tokens=5")
   assert too_long.returncode != 0 and "exceeds the model context" in too_long.stderr
+
+
+def test_sharded_safetensors_index_loads(tmp_path):
+  directory = str(tmp_path / "sharded")
+  hf_model, _ = _make_checkpoint(str(tmp_path / "one"), "llama")
+  hf_model.save_pretrained(directory, safe_serialization=True, max_shard_size="40KB")
+  _hf_tokenizer(directory)
+  assert os.path.exists(os.path.join(directory, "model.safetensors.index.json"))
+  model, tok = load_pretrained(directory)
+  x = tok.encode(CORPUS[0])
+  with torch.no_grad():
+    want = hf_model(torch.tensor([x])).logits.numpy()
+  np.testing.assert_allclose(np.asarray(model(jnp.asarray([x])).logits_BxTxV), want, atol=1e-4)
+  shard = json.load(open(os.path.join(directory, "model.safetensors.index.json")))["weight_map"]
+  os.remove(os.path.join(directory, sorted(set(shard.values()))[0]))
+  with pytest.raises(FileNotFoundError, match="shards that are missing"):
+    load_pretrained(directory)
