@@ -1,0 +1,1 @@
+"""GRPO: advantages, the clipped policy loss, and the sharded update step."""
