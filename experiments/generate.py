@@ -10,9 +10,12 @@ import json
 import jax
 from absl import app, flags
 
+from tlt_jax.drafter.warmup import load_drafter
 from tlt_jax.models.pretrained import load_pretrained
+from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.plain import generate_plain
 from tlt_jax.rollout.sampling import SamplingParams
+from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 _MODEL = flags.DEFINE_string("model", "smollm2", "Preset name, HF checkpoint folder or .gguf file.")
 _PROMPT = flags.DEFINE_string("prompt", None, "Prompt text.", required=True)
@@ -23,6 +26,9 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass (1 is off).")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Top-k (0 is off).")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _JSON = flags.DEFINE_bool("json", False, "End with one JSON line: text and token_ids.")
+_DRAFTER = flags.DEFINE_string("drafter", None, "A drafter artifact directory: serve with "
+                               "speculative decoding (exact: the same output as without).")
+_DEPTH = flags.DEFINE_integer("draft_depth", 4, "Drafted tokens verified per step.")
 
 
 def main(argv):
@@ -38,13 +44,24 @@ def main(argv):
   stops = tuple(i for i in (tok.eos_id,) if i is not None)
   params = SamplingParams(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
                           max_new_tokens=_MAX_NEW.value, stop_tokens=stops)
-  gen = generate_plain(model, [prompt_ids], jax.random.key(_SEED.value), params,
-                       pad_id=tok.pad_id)
-  ids = gen.response(0)
+  extra = {}
+  if _DRAFTER.value:
+    drafter, _ = load_drafter(_DRAFTER.value, model)
+    spec = SpecConfig(threshold=1, arms=(Strategy("eagle", depth=_DEPTH.value),),
+                      min_accept_len=0.0)
+    engine = RolloutEngine(model, EngineConfig(batch_buckets=(1,), max_batch=1,
+                                               prefill_buckets=(max(16, len(prompt_ids)),)),
+                           pad_id=tok.pad_id, spec=spec, drafter=drafter)
+    ids = engine.generate([prompt_ids], 1, params, jax.random.key(_SEED.value)).response(0)
+    extra = {"accept_len": round(engine.spec.accept_len(), 3)}
+  else:
+    gen = generate_plain(model, [prompt_ids], jax.random.key(_SEED.value), params,
+                         pad_id=tok.pad_id)
+    ids = gen.response(0)
   completion = tok.decode(ids)
   print(completion)
   if _JSON.value:
-    print(json.dumps({"text": completion, "token_ids": ids}))
+    print(json.dumps({"text": completion, "token_ids": ids, **extra}))
 
 
 if __name__ == "__main__":

@@ -63,5 +63,13 @@ class Checkpointer:
           "that step directory to fall back to an earlier one, or fix the config.") from e
     return restored["state"], dict(restored["meta"] or {}), step
 
+  def read_meta(self, step: int | None = None) -> dict:
+    """The JSON metadata of a step (latest by default), without reading its arrays."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise CheckpointError(f"No checkpoint found in {self.directory}.")
+    restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return dict(restored["meta"] or {})
+
   def close(self) -> None:
     self._manager.close()

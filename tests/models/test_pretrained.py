@@ -161,3 +161,18 @@ def test_sharded_safetensors_index_loads(tmp_path):
   os.remove(os.path.join(directory, sorted(set(shard.values()))[0]))
   with pytest.raises(FileNotFoundError, match="shards that are missing"):
     load_pretrained(directory)
+
+
+def test_generate_cli_with_a_drafter_gives_the_same_text(checkpoint, tmp_path):
+  """Serving with speculative decoding and a (here random) drafter artifact is exact."""
+  from tests.test_launchers import last_json, run_module
+  from tlt_jax.drafter.model import init_drafter
+  from tlt_jax.drafter.warmup import save_drafter
+  directory, _, _ = checkpoint
+  model, _ = load_pretrained(directory)
+  save_drafter(init_drafter(model.cfg, seed=0), str(tmp_path / "drafter"), {"note": "random"})
+  args = (f"--model={directory}", "--prompt=The quick brown fox", "--max_new_tokens=12",
+          "--temperature=0", "--json")
+  plain = last_json(run_module("experiments.generate", *args))
+  sd = last_json(run_module("experiments.generate", *args, f"--drafter={tmp_path / 'drafter'}"))
+  assert sd["token_ids"] == plain["token_ids"] and sd["accept_len"] >= 1.0

@@ -1,0 +1,48 @@
+"""Warms up (or loads from the cache) the EAGLE drafter of a workload's policy, then reports its
+accepted length with greedy speculative decoding on held-out prompts.
+
+  python -m experiments.drafter_warmup --config=experiments/configs/drafter_tiny.py
+"""
+
+import dataclasses
+import json
+
+import jax
+from absl import app
+from ml_collections import config_flags
+
+from tlt_jax.drafter.model import DrafterConfig
+from tlt_jax.drafter.train import DrafterTrainConfig
+from tlt_jax.drafter.warmup import WarmupConfig, warm_up
+from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.sft import default_cache_dir
+from tlt_jax.spec.strategy import SpecConfig, Strategy
+from tlt_jax.workloads import build_workload
+
+_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/drafter_tiny.py")
+
+
+def main(argv):
+  del argv
+  c = _CONFIG.value
+  w = build_workload(c, c.num_prompts + c.eval_prompts, c.seed)
+  train_prompts, eval_prompts = w.prompts[: c.num_prompts], w.prompts[c.num_prompts:]
+  dcfg = DrafterConfig(**{k: tuple(v) if k == "feature_layers" else v
+                          for k, v in c.drafter.items()})
+  drafter, meta = warm_up(w.model, train_prompts, w.params, pad_id=w.tokenizer.pad_id, dcfg=dcfg,
+                          tcfg=DrafterTrainConfig(**c.drafter_train),
+                          wcfg=WarmupConfig(**c.warmup),
+                          cache_root=c.cache_dir or default_cache_dir())
+  print(f"drafter {'loaded from' if meta['cached'] else 'trained and cached at'} {meta['cache']}")
+  greedy = dataclasses.replace(w.params, temperature=0.0)
+  spec = SpecConfig(threshold=10**6, arms=(Strategy("eagle", depth=4),), min_accept_len=0.0)
+  engine = RolloutEngine(w.model, EngineConfig.from_dict(c.engine), pad_id=w.tokenizer.pad_id,
+                         spec=spec, drafter=drafter)
+  engine.generate(eval_prompts, 1, greedy, jax.random.key(c.seed))
+  print(json.dumps({"cache": meta["cache"], "top1_agreement_train": meta.get("top1_agreement"),
+                    "loss": meta.get("loss"), "seconds": meta.get("seconds"),
+                    "accept_len_greedy_heldout": round(engine.spec.accept_len(), 3)}))
+
+
+if __name__ == "__main__":
+  app.run(main)

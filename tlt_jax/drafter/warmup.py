@@ -1,0 +1,120 @@
+"""Offline warm-up of the drafter on the target's own rollouts, cached per target.
+
+The target samples responses to task prompts with the rollout engine; the drafter is trained with
+TLT's loss on those sequences (teacher forcing on the target's hidden states). The result is saved
+with its config under a key made of the target's weights and the warm-up settings, so later runs
+load it instead of retraining.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from tlt_jax.checkpoint import Checkpointer
+from tlt_jax.drafter.model import Drafter, DrafterConfig, init_drafter
+from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer, teacher_batch
+from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.sampling import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupConfig:
+  steps: int = 300
+  batch_rows: int = 32
+  seq_len: int = 256
+  group_size: int = 4
+  seed: int = 0
+
+
+def target_fingerprint(target) -> str:
+  """A short hash of the target's weights and config (which drafter belongs to which policy)."""
+  h = hashlib.sha256(repr(target.cfg).encode())
+  for x in jax.tree.leaves(nnx.state(target, nnx.Param)):
+    a = np.asarray(x)
+    h.update(a.tobytes()[:4096])
+    h.update(np.float64(a.astype(np.float64).sum()).tobytes())
+  return h.hexdigest()[:12]
+
+
+def rollout_sequences(target, prompts, params: SamplingParams, cfg: WarmupConfig,
+                      pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """Prompt + sampled response of every row, padded to `seq_len`, with a validity mask."""
+  engine = RolloutEngine(target, EngineConfig(batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+                                              max_batch=128, precompile=False), pad_id=pad_id)
+  res = engine.generate(prompts, cfg.group_size, params, jax.random.key(cfg.seed))
+  rows = len(prompts) * cfg.group_size
+  toks = np.full((rows, cfg.seq_len), pad_id, np.int32)
+  mask = np.zeros((rows, cfg.seq_len), np.float32)
+  for i in range(rows):
+    seq = (list(prompts[i // cfg.group_size]) + res.response(i))[: cfg.seq_len]
+    toks[i, : len(seq)], mask[i, : len(seq)] = seq, 1.0
+  return toks, mask
+
+
+def train_on_sequences(target, toks, mask, dcfg: DrafterConfig, tcfg: DrafterTrainConfig,
+                       wcfg: WarmupConfig, progress: bool = True) -> tuple[Drafter, dict]:
+  trainer = DrafterTrainer(init_drafter(target.cfg, dcfg, seed=wcfg.seed), target, tcfg)
+  rng = np.random.default_rng(wcfg.seed)
+  metrics, start = {}, time.time()
+  bar = tqdm(range(wcfg.steps), desc="drafter warm-up", disable=not progress, mininterval=2.0)
+  for _ in bar:
+    idx = rng.choice(len(toks), size=min(wcfg.batch_rows, len(toks)), replace=False)
+    feats, hidden = teacher_batch(target, toks[idx], dcfg)
+    metrics = trainer.step(jnp.asarray(toks[idx]), feats, hidden, jnp.asarray(mask[idx]))
+    bar.set_postfix(loss=f"{metrics['loss']:.3f}", top1=f"{metrics['top1_agreement']:.2f}")
+  return trainer.drafter(), dict(metrics, seconds=round(time.time() - start, 1))
+
+
+def save_drafter(drafter: Drafter, directory: str, meta: dict) -> None:
+  """The deployable artifact: orbax parameters plus the drafter and target configs as JSON."""
+  ck = Checkpointer(directory, keep=1)
+  ck.save(0, nnx.state(drafter, nnx.Param), {
+      **meta, "drafter_config": dataclasses.asdict(drafter.cfg),
+      "target_config": drafter.target_cfg.to_dict()})
+  ck.wait()
+
+
+def load_drafter(directory: str, target) -> tuple[Drafter, dict]:
+  """Loads a saved drafter for `target`; the target's config must match the one it was made for."""
+  ck = Checkpointer(directory, keep=1)
+  if ck.latest_step() is None:
+    raise FileNotFoundError(f"No drafter artifact in {directory}; create one with "
+                            "`python -m experiments.drafter_warmup`.")
+  meta = ck.read_meta()
+  dcfg = DrafterConfig(**{k: tuple(v) if isinstance(v, list) else v
+                          for k, v in meta.get("drafter_config", {}).items()})
+  if meta.get("target_config") and meta["target_config"] != target.cfg.to_dict():
+    raise ValueError(f"The drafter in {directory} was made for another target "
+                     f"({meta['target_config']}); warm up one for this policy.")
+  abstract = nnx.eval_shape(lambda: init_drafter(target.cfg, dcfg))
+  graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+  params, meta, _ = ck.restore(abstract_params)
+  return nnx.merge(graphdef, params), meta
+
+
+def warm_up(target, prompts, params: SamplingParams, *, pad_id: int, dcfg: DrafterConfig,
+            tcfg: DrafterTrainConfig, wcfg: WarmupConfig, cache_root: str,
+            progress: bool = True) -> tuple[Drafter, dict]:
+  """The cached warm-up drafter for `target` (trained and cached first if missing)."""
+  key = hashlib.sha256(json.dumps([target_fingerprint(target), dataclasses.asdict(dcfg),
+                                   dataclasses.asdict(tcfg), dataclasses.asdict(wcfg),
+                                   repr(params), len(prompts)], default=str).encode()
+                       ).hexdigest()[:12]
+  directory = os.path.join(cache_root, "drafter", key)
+  if os.path.isdir(directory) and Checkpointer(directory).latest_step() is not None:
+    drafter, meta = load_drafter(directory, target)
+    return drafter, dict(meta, cache=directory, cached=True)
+  toks, mask = rollout_sequences(target, prompts, params, wcfg, pad_id)
+  drafter, metrics = train_on_sequences(target, toks, mask, dcfg, tcfg, wcfg, progress)
+  save_drafter(drafter, directory, metrics)
+  return drafter, dict(metrics, cache=directory, cached=False)
