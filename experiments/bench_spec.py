@@ -11,7 +11,11 @@ import jax
 from absl import app
 from ml_collections import config_flags
 
+from tlt_jax.drafter.model import DrafterConfig
+from tlt_jax.drafter.train import DrafterTrainConfig
+from tlt_jax.drafter.warmup import WarmupConfig, warm_up
 from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.sft import default_cache_dir
 from tlt_jax.spec import bench
 from tlt_jax.spec.strategy import spec_config_from_dict
 from tlt_jax.workloads import build_workload
@@ -22,15 +26,26 @@ _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_s
 def main(argv):
   del argv
   c = _CONFIG.value
+  spec = spec_config_from_dict(c.spec)
+  drafter = None
+  if any(a.proposer == "eagle" for a in spec.arms):  # the cached warm-up drafter of this policy
+    warm = build_workload(c, c.warmup_prompts, c.seed + 1)
+    drafter, meta = warm_up(
+        warm.model, warm.prompts, warm.params, pad_id=warm.tokenizer.pad_id,
+        dcfg=DrafterConfig(**{k: tuple(v) if k == "feature_layers" else v
+                              for k, v in c.drafter.items()}),
+        tcfg=DrafterTrainConfig(**c.drafter_train), wcfg=WarmupConfig(**c.warmup),
+        cache_root=c.cache_dir or default_cache_dir())
+    print(f"drafter: {meta['cache']}")
   w = build_workload(c, c.num_prompts, c.seed)
   ecfg = EngineConfig.from_dict(c.engine)
-  spec = spec_config_from_dict(c.spec)
   key = jax.random.key(c.seed)
   args = (w.model, w.prompts, c.group_size)
-  sampled = bench.compare(*args, w.params, ecfg, spec, key, w.tokenizer.pad_id, c.repeats)
+  sampled = bench.compare(*args, w.params, ecfg, spec, key, w.tokenizer.pad_id, c.repeats,
+                          drafter=drafter)
   print(f"temperature {c.temperature}: {json.dumps(sampled)}")
   greedy = bench.compare(*args, bench.greedy_params(w.params), ecfg, spec, key,
-                         w.tokenizer.pad_id, c.repeats)
+                         w.tokenizer.pad_id, c.repeats, drafter=drafter)
   print(f"greedy: {json.dumps(greedy)}")
   out = {"model": c.model, "rule": spec.rule, "threshold": spec.threshold,
          "rows": c.num_prompts * c.group_size, "temperature": c.temperature,

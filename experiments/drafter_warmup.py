@@ -25,11 +25,11 @@ _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/drafter
 def main(argv):
   del argv
   c = _CONFIG.value
-  w = build_workload(c, c.num_prompts + c.eval_prompts, c.seed)
-  train_prompts, eval_prompts = w.prompts[: c.num_prompts], w.prompts[c.num_prompts:]
+  w = build_workload(c, c.warmup_prompts, c.seed + 1)
+  eval_prompts = build_workload(c, c.eval_prompts, c.seed + 2).prompts  # held out
   dcfg = DrafterConfig(**{k: tuple(v) if k == "feature_layers" else v
                           for k, v in c.drafter.items()})
-  drafter, meta = warm_up(w.model, train_prompts, w.params, pad_id=w.tokenizer.pad_id, dcfg=dcfg,
+  drafter, meta = warm_up(w.model, w.prompts, w.params, pad_id=w.tokenizer.pad_id, dcfg=dcfg,
                           tcfg=DrafterTrainConfig(**c.drafter_train),
                           wcfg=WarmupConfig(**c.warmup),
                           cache_root=c.cache_dir or default_cache_dir())

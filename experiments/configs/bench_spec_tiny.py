@@ -8,16 +8,17 @@ Small CPU variant (tests):
 
 import ml_collections
 
-from experiments.configs import bench_rollout
+from experiments.configs import drafter_tiny
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  c = bench_rollout.get_config("small" if variant == "small" else "")
+  c = drafter_tiny.get_config("small" if variant == "small" else "")  # the drafter's warm-up
+  c.num_prompts = 16 if variant != "small" else 4
   c.temperature = 0.9
   c.spec = ml_collections.ConfigDict(dict(
       threshold=8, rule="coupled", epsilon=0.1, window=300, min_accept_len=1.05,
       health_window=64, seed=0,
-      arms=(("suffix", 2, 3), ("suffix", 4, 3), ("suffix", 8, 4))))  # (proposer, depth, ngram)
+      arms=(("eagle", 3, 0), ("eagle", 6, 0), ("suffix", 4, 3))))  # (proposer, depth, ngram)
   c.repeats = 2
   if variant == "small":
     c.spec.threshold = 16  # the small run's 16 rows speculate from the start

@@ -14,6 +14,7 @@ from experiments.configs import bench_rollout
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c = bench_rollout.get_config("small" if variant == "small" else "")
   c.num_prompts = 64
+  c.warmup_prompts = 64  # prompts whose rollouts train the drafter (bench_spec reuses these keys)
   c.temperature = 1.0
   c.drafter = ml_collections.ConfigDict(dict(feature_layers=(), smooth_l1_weight=1.0,
                                              ce_weight=0.1))
@@ -25,6 +26,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
   if variant == "small":
     c.num_prompts, c.warmup.steps, c.warmup.batch_rows, c.eval_prompts = 8, 10, 8, 4
+    c.warmup_prompts = 8
   elif variant:
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
   return c

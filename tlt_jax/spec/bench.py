@@ -45,10 +45,10 @@ def _best_of(engine, prompts, g, params, key, repeats):
 
 
 def compare(model, prompts, g, params: SamplingParams, engine_cfg: EngineConfig,
-            spec: SpecConfig, key, pad_id=0, repeats=2) -> dict:
+            spec: SpecConfig, key, pad_id=0, repeats=2, drafter=None) -> dict:
   engine_cfg = dataclasses.replace(engine_cfg, precompile=True)
   plain_engine = RolloutEngine(model, engine_cfg, pad_id=pad_id)
-  sd_engine = RolloutEngine(model, engine_cfg, pad_id=pad_id, spec=spec)
+  sd_engine = RolloutEngine(model, engine_cfg, pad_id=pad_id, spec=spec, drafter=drafter)
   plain, plain_s = _best_of(plain_engine, prompts, g, params, key, repeats)
   sd_engine.spec.reset_stats()
   sd, sd_s = _best_of(sd_engine, prompts, g, params, key, repeats)

@@ -16,11 +16,14 @@ class Strategy:
   def __post_init__(self):
     if self.proposer not in ("suffix", "eagle"):
       raise ValueError(f"Unknown proposer {self.proposer!r}; available: 'suffix', 'eagle'.")
-    if self.depth < 1 or self.ngram < 1:
-      raise ValueError(f"Strategy depth and ngram must be >= 1, got {self.depth}, {self.ngram}.")
+    if self.depth < 1 or (self.proposer == "suffix" and self.ngram < 1):
+      raise ValueError(f"Strategy depth (and a suffix arm's ngram) must be >= 1, got "
+                       f"{self.depth}, {self.ngram}.")
 
   @property
   def name(self) -> str:
+    if self.proposer == "eagle":
+      return f"eagle_d{self.depth}"
     return f"{self.proposer}_d{self.depth}_n{self.ngram}"
 
 
