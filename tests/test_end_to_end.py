@@ -7,6 +7,7 @@ from tests.test_launchers import last_json, run_module
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.timeout(1800)  # trains the warm start from scratch on a fresh clone (~7 min)
 def test_demo_meets_the_task_properties():
   """The warm-started policy at temperature 1: accuracy in [0.2, 0.7], a long tail of lengths
   (p99 >= 5 x median) and >= 30% of G=8 groups with mixed rewards."""
