@@ -19,3 +19,18 @@ def small_config(**kw) -> ModelConfig:
 @pytest.fixture
 def small_model():
   return init_model(small_config(), seed=0)
+
+
+def run_on_fake_devices(module: str, devices: int = 2, timeout: int = 300) -> dict:
+  """Runs `python -m module` with `devices` fake CPU devices; returns its last stdout line as
+  JSON. A subprocess, because the device count is fixed when jax is first imported."""
+  import json
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-m", module], cwd=root, env=env, capture_output=True,
+                        text=True, timeout=timeout)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])

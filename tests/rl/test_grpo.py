@@ -1,16 +1,11 @@
 """GRPO: advantages, the clipped loss, log-prob recomputation, and the sharded update."""
 
-import json
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.conftest import small_config
+from tests.conftest import run_on_fake_devices, small_config
 from tlt_jax.models import init_model
 from tlt_jax.models.sharding import make_mesh
 from tlt_jax.rl.grpo import GRPOConfig, group_advantages, grpo_loss, token_logprobs
@@ -115,16 +110,8 @@ def test_non_finite_update_is_refused_and_state_kept():
   assert up.step_count == 0
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 def test_same_update_on_a_2_device_mesh():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-m", "tests.rl.mesh_worker"], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  out = run_on_fake_devices("tests.rl.mesh_worker")
   # Updates are ~lr = 1e-2 in size; cross-device reduction order moves them by float rounding,
   # which Adam's first step (g / |g|) can amplify for near-zero gradients: 1e-4 is 1% of a step.
   assert out["max_diff_fsdp"] < 1e-4 and out["max_diff_data"] < 1e-4

@@ -1,16 +1,11 @@
 """RolloutEngine: exactness against plain decoding, layout invariance, log-probs, bad input."""
 
-import json
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.conftest import small_config
+from tests.conftest import run_on_fake_devices, small_config
 from tests.statistics import chi_square_pvalue
 from tlt_jax.models import init_model
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
@@ -130,15 +125,7 @@ def test_pool_reuses_executables_for_new_weights(model):
   assert eng.pool.report()["executables"] == n
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 def test_shards_and_mesh_weights_in_a_2_device_subprocess():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-m", "tests.rollout.shard_worker"], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  out = run_on_fake_devices("tests.rollout.shard_worker")
   assert out == {"greedy_equal": True, "sampled_equal": True, "no_recompile": True,
                  "mesh_weights_equal": True, "two_shards_idle_reported": True}
