@@ -1,6 +1,6 @@
 """The built-in long-tail reasoning task: chained addition/subtraction with a scratchpad.
 
-A prompt is a chain such as `12+7-3+25=`; the solution works it left to right, one step per
+A prompt is a chain such as `7-3+9+0=`; the solution works it left to right, one step per
 `a+b=c;`, and ends with `#answer`. The number of steps follows a truncated power law, so most
 solutions are short and a few are many times longer: the long tail of reasoning-RL rollouts in
 miniature. Each step is a chance to err, so success falls with length and groups of samples of one
