@@ -37,3 +37,15 @@ def test_bench_spec_small(tmp_path):
                              f"--config.sft.cache_dir={tmp_path}"))
   assert out["greedy_exact"] is True and out["coupled_identical"] is True
   assert out["accept_len"] >= 1.0
+
+
+def test_train_grpo_small_tlt_is_the_same_run_as_the_baseline(tmp_path):
+  outs = []
+  for name in ("tiny_baseline", "tiny_tlt"):
+    outs.append(last_json(run_module(
+        "experiments.train_grpo", f"--config=experiments/configs/{name}.py:small",
+        f"--config.out_dir={tmp_path / name}", f"--config.sft.cache_dir={tmp_path}",
+        f"--config.cache_dir={tmp_path}")))
+  assert outs[0]["steps"] == outs[1]["steps"] == 2
+  assert outs[0]["reward_first"] == outs[1]["reward_first"]
+  assert outs[0]["reward_last"] == outs[1]["reward_last"]

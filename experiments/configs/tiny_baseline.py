@@ -1,0 +1,38 @@
+"""GRPO on the built-in task from the warm-started `tiny` policy, without speculative decoding.
+
+Run:
+  python -m experiments.train_grpo --config=experiments/configs/tiny_baseline.py
+Small CPU variant (tests):
+  python -m experiments.train_grpo --config=experiments/configs/tiny_baseline.py:small
+"""
+
+import ml_collections
+
+from experiments.configs import drafter_tiny
+
+
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+  c = drafter_tiny.get_config("small" if variant == "small" else "")  # workload + drafter recipe
+  c.name = "tiny_baseline"
+  c.out_dir = "runs/tiny_baseline"
+  c.num_prompts = 512          # the training prompt pool
+  c.steps = 20
+  c.prompts_per_step = 16
+  c.group_size = 8
+  c.temperature = 1.0
+  c.grpo = ml_collections.ConfigDict(dict(clip_low=0.2, clip_high=0.28, kl_coef=0.0,
+                                          normalize_std=True, aggregation="token",
+                                          max_len_norm=0))
+  c.optim = ml_collections.ConfigDict(dict(lr=2e-4, warmup_steps=2, total_steps=20,
+                                           end_lr_fraction=0.1, weight_decay=0.0, clip=1.0,
+                                           b1=0.9, b2=0.999))
+  c.micro_batches = 1
+  c.checkpoint_every = 5
+  c.spec = ml_collections.ConfigDict()  # empty: no speculative decoding
+  if variant == "small":
+    c.num_prompts, c.steps, c.prompts_per_step, c.group_size = 16, 2, 4, 4
+    c.optim.total_steps = 2
+    c.checkpoint_every = 1
+  elif variant:
+    raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
+  return c
