@@ -11,14 +11,10 @@ import jax
 from absl import app
 from ml_collections import config_flags
 
-from tlt_jax.drafter.model import DrafterConfig
-from tlt_jax.drafter.train import DrafterTrainConfig
-from tlt_jax.drafter.warmup import WarmupConfig, warm_up
 from tlt_jax.rollout.engine import EngineConfig
-from tlt_jax.sft import default_cache_dir
 from tlt_jax.spec import bench
 from tlt_jax.spec.strategy import spec_config_from_dict
-from tlt_jax.workloads import build_workload
+from tlt_jax.workloads import build_drafter, build_workload
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_spec_tiny.py")
 
@@ -29,13 +25,7 @@ def main(argv):
   spec = spec_config_from_dict(c.spec)
   drafter = None
   if any(a.proposer == "eagle" for a in spec.arms):  # the cached warm-up drafter of this policy
-    warm = build_workload(c, c.warmup_prompts, c.seed + 1)
-    drafter, meta = warm_up(
-        warm.model, warm.prompts, warm.params, pad_id=warm.tokenizer.pad_id,
-        dcfg=DrafterConfig(**{k: tuple(v) if k == "feature_layers" else v
-                              for k, v in c.drafter.items()}),
-        tcfg=DrafterTrainConfig(**c.drafter_train), wcfg=WarmupConfig(**c.warmup),
-        cache_root=c.cache_dir or default_cache_dir())
+    drafter, meta = build_drafter(c)
     print(f"drafter: {meta['cache']}")
   w = build_workload(c, c.num_prompts, c.seed)
   ecfg = EngineConfig.from_dict(c.engine)

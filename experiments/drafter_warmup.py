@@ -11,13 +11,9 @@ import jax
 from absl import app
 from ml_collections import config_flags
 
-from tlt_jax.drafter.model import DrafterConfig
-from tlt_jax.drafter.train import DrafterTrainConfig
-from tlt_jax.drafter.warmup import WarmupConfig, warm_up
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
-from tlt_jax.sft import default_cache_dir
 from tlt_jax.spec.strategy import SpecConfig, Strategy
-from tlt_jax.workloads import build_workload
+from tlt_jax.workloads import build_drafter, build_workload
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/drafter_tiny.py")
 
@@ -25,14 +21,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/drafter
 def main(argv):
   del argv
   c = _CONFIG.value
-  w = build_workload(c, c.warmup_prompts, c.seed + 1)
-  eval_prompts = build_workload(c, c.eval_prompts, c.seed + 2).prompts  # held out
-  dcfg = DrafterConfig(**{k: tuple(v) if k == "feature_layers" else v
-                          for k, v in c.drafter.items()})
-  drafter, meta = warm_up(w.model, w.prompts, w.params, pad_id=w.tokenizer.pad_id, dcfg=dcfg,
-                          tcfg=DrafterTrainConfig(**c.drafter_train),
-                          wcfg=WarmupConfig(**c.warmup),
-                          cache_root=c.cache_dir or default_cache_dir())
+  drafter, meta = build_drafter(c)
+  w = build_workload(c, c.eval_prompts, c.seed + 2)  # held-out prompts
+  eval_prompts = w.prompts
   print(f"drafter {'loaded from' if meta['cached'] else 'trained and cached at'} {meta['cache']}")
   greedy = dataclasses.replace(w.params, temperature=0.0)
   spec = SpecConfig(threshold=10**6, arms=(Strategy("eagle", depth=4),), min_accept_len=0.0)

@@ -11,16 +11,12 @@ import numpy as np
 from absl import app
 from ml_collections import config_flags
 
-from tlt_jax.drafter.model import DrafterConfig
-from tlt_jax.drafter.train import DrafterTrainConfig
-from tlt_jax.drafter.warmup import WarmupConfig, warm_up
 from tlt_jax.rl.grpo import GRPOConfig
 from tlt_jax.rl.trainer import Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
-from tlt_jax.sft import default_cache_dir
 from tlt_jax.spec.strategy import spec_config_from_dict
-from tlt_jax.workloads import build_workload
+from tlt_jax.workloads import build_drafter, build_workload
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/tiny_baseline.py")
 
@@ -31,13 +27,7 @@ def main(argv):
   spec = spec_config_from_dict(c.spec) if c.spec else None
   drafter = None
   if spec is not None and any(a.proposer == "eagle" for a in spec.arms):
-    warm = build_workload(c, c.warmup_prompts, c.seed + 1)
-    drafter, _ = warm_up(warm.model, warm.prompts, warm.params, pad_id=warm.tokenizer.pad_id,
-                         dcfg=DrafterConfig(**{k: tuple(v) if k == "feature_layers" else v
-                                               for k, v in c.drafter.items()}),
-                         tcfg=DrafterTrainConfig(**c.drafter_train),
-                         wcfg=WarmupConfig(**c.warmup),
-                         cache_root=c.cache_dir or default_cache_dir())
+    drafter, _ = build_drafter(c)
   w = build_workload(c, c.num_prompts, c.seed)
   trainer = Trainer(w, out_dir=c.out_dir, steps=c.steps, prompts_per_step=c.prompts_per_step,
                     group_size=c.group_size, engine_cfg=EngineConfig.from_dict(c.engine),

@@ -54,3 +54,18 @@ def build_workload(c: ml_collections.ConfigDict, num_prompts: int, seed: int) ->
                           top_p=c.get("top_p", 1.0), max_new_tokens=max_new,
                           stop_tokens=(tok.eos_id,))
   return Workload(model, tok, prompts, answers, params, reward)
+
+
+def build_drafter(c: ml_collections.ConfigDict, progress: bool = True):
+  """The cached warm-up EAGLE drafter of `c`'s policy, trained on rollouts of `c.warmup_prompts`
+  prompts (seed + 1) with `c.drafter`, `c.drafter_train` and `c.warmup`; returns (drafter, meta)."""
+  from tlt_jax.drafter.model import DrafterConfig
+  from tlt_jax.drafter.train import DrafterTrainConfig
+  from tlt_jax.drafter.warmup import WarmupConfig, warm_up
+  from tlt_jax.sft import default_cache_dir
+  w = build_workload(c, c.warmup_prompts, c.seed + 1)
+  dcfg = DrafterConfig(**{k: tuple(v) if k == "feature_layers" else v
+                          for k, v in c.drafter.items()})
+  return warm_up(w.model, w.prompts, w.params, pad_id=w.tokenizer.pad_id, dcfg=dcfg,
+                 tcfg=DrafterTrainConfig(**c.drafter_train), wcfg=WarmupConfig(**c.warmup),
+                 cache_root=c.cache_dir or default_cache_dir(), progress=progress)

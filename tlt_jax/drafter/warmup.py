@@ -108,7 +108,8 @@ def warm_up(target, prompts, params: SamplingParams, *, pad_id: int, dcfg: Draft
   """The cached warm-up drafter for `target` (trained and cached first if missing)."""
   key = hashlib.sha256(json.dumps([target_fingerprint(target), dataclasses.asdict(dcfg),
                                    dataclasses.asdict(tcfg), dataclasses.asdict(wcfg),
-                                   repr(params), len(prompts)], default=str).encode()
+                                   repr(params), [list(map(int, p)) for p in prompts]],
+                                  default=str).encode()
                        ).hexdigest()[:12]
   directory = os.path.join(cache_root, "drafter", key)
   if os.path.isdir(directory) and Checkpointer(directory).latest_step() is not None:
