@@ -5,7 +5,7 @@
 
 import json
 
-from absl import app, flags
+from absl import app
 from ml_collections import config_flags
 
 from tlt_jax import sft

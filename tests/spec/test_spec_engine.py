@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from tests.conftest import small_config
 from tests.statistics import pooled_chi_square_pvalue

@@ -3,7 +3,6 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from tests.statistics import chi_square_pvalue
 from tlt_jax.spec import verify

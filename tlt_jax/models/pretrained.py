@@ -11,7 +11,6 @@ import importlib.util
 import json
 import os
 
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import jax
 import numpy as np
 
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
