@@ -11,8 +11,10 @@ from tlt_jax.models import CacheOverflowError, check_overflow, commit, init_cach
 def _valid_equal(c1, c2):
   np.testing.assert_array_equal(c1.lengths_B, c2.lengths_B)
   for b, n in enumerate(np.asarray(c1.lengths_B)):
-    for a, z in zip(c1.k + c1.v, c2.k + c2.v):
-      np.testing.assert_allclose(a[b, :n], z[b, :n], atol=1e-6)
+    for a, z in zip(c1.k, c2.k):  # [B, K, H, S]
+      np.testing.assert_allclose(a[b, ..., :n], z[b, ..., :n], atol=1e-6)
+    for a, z in zip(c1.v, c2.v):  # [B, K, S, H]
+      np.testing.assert_allclose(a[b, :, :n], z[b, :, :n], atol=1e-6)
 
 
 def _prefilled(model, toks, n):

@@ -69,7 +69,7 @@ class Drafter(nnx.Module):
     if cache is None:
       positions = jnp.broadcast_to(jnp.arange(t), (b, t))
       mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
-      x, _ = self.layer(x, positions, lambda k, v: (k, v, mask))
+      x, _ = self.layer(x, positions, lambda k, v: (*kvc.to_cache_layout(k, v), mask))
       return self.norm(x), None
     depth_T = jnp.arange(t) if depth_T is None else depth_T
     positions = cache.lengths_B[:, None] + depth_T[None, :]
@@ -77,8 +77,7 @@ class Drafter(nnx.Module):
     mask = kvc.visible_mask(cache, t, tree_mask_TxT)
 
     def kv_fn(k_new, v_new):
-      return (kvc.write_layer(cache.k[0], k_new, cache.lengths_B),
-              kvc.write_layer(cache.v[0], v_new, cache.lengths_B), mask)
+      return (*kvc.write_kv(cache.k[0], cache.v[0], k_new, v_new, cache.lengths_B), mask)
     x, (k_all, v_all) = self.layer(x, positions, kv_fn)
     cache = cache.replace(k=(k_all,), v=(v_all,), overflow_B=cache.overflow_B | over_B)
     return self.norm(x), cache

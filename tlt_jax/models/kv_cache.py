@@ -1,7 +1,9 @@
 """Static-shape KV cache with per-row lengths and slack for speculative writes.
 
 Slot `j` of row `b` holds the key/value of the token at slot `j`; slots `< lengths_B[b]` are the
-committed sequence. A call writes its T new tokens at slots `lengths .. lengths + T - 1` *without*
+committed sequence. Keys are stored `[B, K, H, S]` (slots last) and values `[B, K, S, H]`: a decode
+step's scores and weighted sum are then plain batched matrix products over contiguous memory,
+about 8x faster on CPU at batch 16 than the `[B, S, K, H]` layout, which XLA transposes per layer. A call writes its T new tokens at slots `lengths .. lengths + T - 1` *without*
 committing them: `commit` then keeps an accepted subset (a chain prefix, or a tree path gathered
 into place) and advances `lengths`. Writes never clamp: a write past the last slot raises at once
 when lengths are concrete, and otherwise sets `overflow_B`, which `check_overflow` turns into an
@@ -26,7 +28,8 @@ class CacheOverflowError(RuntimeError):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-  """Per-layer keys and values `[B, S, K, H]`, committed lengths `[B]`, overflow flags `[B]`."""
+  """Per-layer keys `[B, K, H, S]` and values `[B, K, S, H]`, committed lengths `[B]`, overflow
+  flags `[B]`."""
 
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
@@ -39,7 +42,7 @@ class KVCache:
 
   @property
   def max_len(self) -> int:
-    return self.k[0].shape[1]
+    return self.v[0].shape[2]
 
   def replace(self, **kwargs) -> "KVCache":
     return dataclasses.replace(self, **kwargs)
@@ -48,10 +51,11 @@ class KVCache:
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
   """An empty cache; k and v are separate buffers so that the cache can be donated."""
   dtype = jnp.dtype(dtype or cfg.dtype)
-  shape = (batch, max_len, cfg.n_kv_heads, cfg.hd)
+  k_shape = (batch, cfg.n_kv_heads, cfg.hd, max_len)
+  v_shape = (batch, cfg.n_kv_heads, max_len, cfg.hd)
   return KVCache(
-      k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
-      v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
+      k=tuple(jnp.zeros(k_shape, dtype) for _ in range(cfg.n_layers)),
+      v=tuple(jnp.zeros(v_shape, dtype) for _ in range(cfg.n_layers)),
       lengths_B=jnp.zeros((batch,), jnp.int32),
       overflow_B=jnp.zeros((batch,), bool),
   )
@@ -75,11 +79,30 @@ def check_write(cache: KVCache, n_new: int) -> jax.Array:
   return over_B
 
 
-def write_layer(k_BxSxKxH: jax.Array, new_BxTxKxH: jax.Array, start_B: jax.Array) -> jax.Array:
-  """Writes T new rows of one layer at each row's own start slot."""
-  def one(row_SxKxH, new_TxKxH, s):
-    return jax.lax.dynamic_update_slice(row_SxKxH, new_TxKxH.astype(row_SxKxH.dtype), (s, 0, 0))
-  return jax.vmap(one)(k_BxSxKxH, new_BxTxKxH, start_B)
+def to_cache_layout(k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Fresh keys/values from a projection, in the cache's layout: `[B, K, H, T]`, `[B, K, T, H]`."""
+  return k_BxTxKxH.transpose(0, 2, 3, 1), v_BxTxKxH.transpose(0, 2, 1, 3)
+
+
+def _write(x, new, start_B, axis: int):
+  """Writes `new` into `x` at each row's own offset along `axis` (the slot axis)."""
+  def at(s):
+    idx = [0] * (x.ndim - 1)
+    idx[axis - 1] = s
+    return idx
+  if x.shape[0] <= 8:  # a few in-place slice updates are cheaper on CPU than a batched scatter
+    for b in range(x.shape[0]):
+      x = jax.lax.dynamic_update_slice(x, new[b:b + 1].astype(x.dtype), (b, *at(start_B[b])))
+    return x
+  return jax.vmap(lambda row, new_row, s: jax.lax.dynamic_update_slice(
+      row, new_row.astype(row.dtype), tuple(at(s))))(x, new, start_B)
+
+
+def write_kv(k_BxKxHxS: jax.Array, v_BxKxSxH: jax.Array, k_new_BxTxKxH: jax.Array,
+             v_new_BxTxKxH: jax.Array, start_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Writes one layer's T new keys/values at each row's own start slot."""
+  k_new, v_new = to_cache_layout(k_new_BxTxKxH, v_new_BxTxKxH)
+  return _write(k_BxKxHxS, k_new, start_B, 3), _write(v_BxKxSxH, v_new, start_B, 2)
 
 
 def visible_mask(cache: KVCache, n_new: int, tree_mask_TxT: jax.Array | None) -> jax.Array:
@@ -117,13 +140,17 @@ def commit(cache: KVCache, n_accept_B: jax.Array, accept_idx_BxA: jax.Array | No
     keep_BxA = a_A[None, :] < n_accept_B[:, None]
     dst_BxA = jnp.where(keep_BxA, dst_BxA, cache.max_len)  # unkept: out of bounds, dropped
 
-    def move(x_BxSxKxH):
-      gathered = jnp.take_along_axis(x_BxSxKxH, src_BxA[:, :, None, None], axis=1)
-      rows = jnp.arange(x_BxSxKxH.shape[0])[:, None]
+    def move(x, axis: int):
+      """Gathers the kept slots of `x` (slots on `axis`) into consecutive slots."""
+      x = jnp.moveaxis(x, axis, 1)  # [B, S, ...]
+      src = src_BxA.reshape(src_BxA.shape + (1,) * (x.ndim - 2))
+      gathered = jnp.take_along_axis(x, src, axis=1)
+      rows = jnp.arange(x.shape[0])[:, None]
       # Kept entries have distinct destinations; unkept ones are dropped.
-      return x_BxSxKxH.at[rows, dst_BxA].set(gathered, mode="drop")
+      return jnp.moveaxis(x.at[rows, dst_BxA].set(gathered, mode="drop"), 1, axis)
 
-    cache = cache.replace(k=tuple(move(k) for k in cache.k), v=tuple(move(v) for v in cache.v))
+    cache = cache.replace(k=tuple(move(k, 3) for k in cache.k),
+                          v=tuple(move(v, 2) for v in cache.v))
   return cache.replace(lengths_B=cache.lengths_B + n_accept_B)
 
 

@@ -40,17 +40,20 @@ def apply_rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array, theta: float, lay
   return out.astype(x_BxTxNxH.dtype)
 
 
-def attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS) -> jax.Array:
-  """Grouped-query softmax attention; each kv head serves N // K query heads."""
+def attention(q_BxTxNxH, k_BxKxHxS, v_BxKxSxH, mask_BxTxS) -> jax.Array:
+  """Grouped-query softmax attention over keys/values in the cache layout; each kv head serves
+  N // K query heads."""
   b, t, n, h = q_BxTxNxH.shape
-  kh = k_BxSxKxH.shape[2]
-  q_BxTxKxGxH = q_BxTxNxH.reshape(b, t, kh, n // kh, h)
-  scores = jnp.einsum("btkgh,bskh->bkgts", q_BxTxKxGxH, k_BxSxKxH,
+  kh = k_BxKxHxS.shape[1]
+  q_BxKxGTxH = q_BxTxNxH.reshape(b, t, kh, n // kh, h).transpose(0, 2, 3, 1, 4).reshape(
+      b, kh, -1, h)
+  scores = jnp.einsum("bkqh,bkhs->bkqs", q_BxKxGTxH, k_BxKxHxS,
                       preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(h))
-  scores = jnp.where(mask_BxTxS[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxH.dtype)
-  out_BxTxKxGxH = jnp.einsum("bkgts,bskh->btkgh", probs, v_BxSxKxH)
-  return out_BxTxKxGxH.reshape(b, t, n, h)
+  mask_BxGTxS = jnp.tile(mask_BxTxS, (1, n // kh, 1))
+  scores = jnp.where(mask_BxGTxS[:, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxKxSxH.dtype)
+  out_BxKxGTxH = jnp.einsum("bkqs,bksh->bkqh", probs, v_BxKxSxH)
+  return out_BxKxGTxH.reshape(b, kh, n // kh, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
 class Attention(nnx.Module):

@@ -35,7 +35,8 @@ class Block(nnx.Module):
     self.mlp = MLP(cfg, rngs=rngs)
 
   def __call__(self, x_BxTxD, positions_BxT, kv_fn):
-    """`kv_fn(k_new, v_new) -> (k_all, v_all, mask_BxTxS)` supplies the attended keys/values."""
+    """`kv_fn(k_new, v_new) -> (k_all, v_all, mask_BxTxS)` supplies the attended keys/values
+    (in the cache layout, `kv_cache.to_cache_layout`)."""
     q, k, v = self.attn.qkv(self.input_norm(x_BxTxD), positions_BxT)
     k_all, v_all, mask_BxTxS = kv_fn(k, v)
     x_BxTxD = x_BxTxD + self.attn.out(attention(q, k_all, v_all, mask_BxTxS))
@@ -84,7 +85,7 @@ class Transformer(nnx.Module):
       mask_BxTxS = jnp.broadcast_to(causal_TxT, (b, t, t))
       if attend_mask_BxT is not None:
         mask_BxTxS = mask_BxTxS & attend_mask_BxT[:, None, :]
-      kv_fns = [lambda k, v: (k, v, mask_BxTxS)] * len(self.layers)
+      kv_fns = [lambda k, v: (*kvc.to_cache_layout(k, v), mask_BxTxS)] * len(self.layers)
     else:
       depth_T = jnp.arange(t) if depth_T is None else depth_T
       positions_BxT = cache.lengths_B[:, None] + depth_T[None, :]
@@ -93,9 +94,8 @@ class Transformer(nnx.Module):
 
       def make_kv_fn(i):
         def kv_fn(k_new, v_new):
-          k_all = kvc.write_layer(cache.k[i], k_new, cache.lengths_B)
-          v_all = kvc.write_layer(cache.v[i], v_new, cache.lengths_B)
-          return k_all, v_all, mask_BxTxS
+          return (*kvc.write_kv(cache.k[i], cache.v[i], k_new, v_new, cache.lengths_B),
+                  mask_BxTxS)
         return kv_fn
       kv_fns = [make_kv_fn(i) for i in range(len(self.layers))]
 
