@@ -173,3 +173,25 @@ def test_a_useless_proposer_triggers_the_fallback_within_its_window():
   assert sum(eng.spec.row_steps.values()) <= 2 * (12 + 8 * 3)
   np.testing.assert_array_equal(sd.tokens, plain.tokens)  # and nothing changed
   assert sd.timeline.summary()["spec"]["fallback"] is True
+
+
+# ---------------------------------------------------------------- the plain arm
+
+def test_the_plain_arm_competes_in_the_bandit_and_changes_no_token():
+  """With a `plain` arm and a useless proposer the bandit measures both on the same reward; the
+  output is plain sampling's, and once the proposer is retired decoding stays plain."""
+  model = init_model(small_config(), seed=0)
+  params = SamplingParams(temperature=1.0, max_new_tokens=40)
+  arms = (Strategy(depth=4), Strategy("plain", 1, 0))
+  spec = SpecConfig(threshold=16, rule="coupled", arms=arms, epsilon=1.0, health_window=1000)
+  plain, _ = _run(model, params, _prompts(4, 3), 2, key=5)
+  sd, eng = _run(model, params, _prompts(4, 3), 2, spec, key=5)
+  np.testing.assert_array_equal(sd.tokens, plain.tokens)
+  kinds = {e.kind for e in sd.timeline.events}
+  assert "decode" in kinds and "spec:suffix_d4_n3" in kinds  # both arms were dispatched
+  rewards = eng.spec.bandit._rewards
+  assert any(rewards[k] for k in rewards if k[1] == 1)  # the plain arm earned bandit rewards
+  assert 1 not in eng.spec.health.retired  # and is never retired
+  assert SpecConfig(arms=arms).max_depth == 4
+  with pytest.raises(ValueError, match="Unknown proposer"):
+    Strategy("greedy")

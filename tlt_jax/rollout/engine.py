@@ -272,11 +272,14 @@ class RolloutEngine:
 
   def generate(self, prompts: list[list[int]], group_size: int, params: SamplingParams,
                key: jax.Array, *, capture_hidden: bool = False,
-               corpus: dict[int, list[int]] | None = None) -> RolloutResult:
+               corpus: dict[int, list[int]] | None = None,
+               on_shard_idle=None) -> RolloutResult:
     """Samples `group_size` responses for every prompt; rows are ordered by sample id.
 
     `corpus` maps a prompt index to earlier text for that prompt (e.g. its responses in earlier RL
     steps) that the suffix proposer may draft from; it never changes what is sampled.
+    `on_shard_idle(shard, device)` is called when a shard has no row left while others may still
+    decode: the window where the drafter's spot trainer may use that device.
     """
     p_bucket, cache_len = self.validate(prompts, group_size, params)
     n = params.max_new_tokens
@@ -354,7 +357,7 @@ class RolloutEngine:
         if sh is None:
           continue
         arm = self.spec.choose(sh["b"], sh["live"]) if self.spec is not None else None
-        if arm is None:
+        if arm is None or self.spec.is_plain(arm):
           exe = self._get(self._decode_exe(s, sh["b"], cache_len, n, capture_hidden, hist,
                                            params))
         else:
@@ -370,7 +373,8 @@ class RolloutEngine:
         wall = time.perf_counter() - sh["t0"]
         live_slots = np.flatnonzero(~done & (sh["slots"] >= 0))
         emitted = int(np.sum(t_now - sh["t"]))
-        kind = "decode" if sh["arm"] is None else f"spec:{spec_arms[sh['arm']].name}"
+        plain = sh["arm"] is None or self.spec.is_plain(sh["arm"])
+        kind = "decode" if plain else f"spec:{spec_arms[sh['arm']].name}"
         timeline.record(s, kind, sh["t0"], time.perf_counter(), sh["b"], sh["live"],
                         steps=self.cfg.steps_per_dispatch, live_after=len(live_slots),
                         tokens=emitted)
@@ -385,6 +389,8 @@ class RolloutEngine:
           shard_state[s] = start_wave(s) if waves[s] else None
           if shard_state[s] is None:
             timeline.shard_done(s, time.perf_counter())
+            if on_shard_idle is not None:
+              on_shard_idle(s, self.devices[s])
           continue
         new_b = bucket_for(len(live_slots), self.cfg.batch_buckets)
         if new_b < sh["b"]:
@@ -420,4 +426,6 @@ class RolloutEngine:
       self.pool.precompile(*self._decode_exe(s, b, cache_len, n, capture, hist, params))
       if self.spec is not None and self.spec.may_run(b):
         for arm in self.spec.config.arms:
+          if arm.proposer == "plain":
+            continue
           self.pool.precompile(*self._spec_exe(s, b, cache_len, n, capture, hist, params, arm))

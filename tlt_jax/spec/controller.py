@@ -1,7 +1,8 @@
 """The adaptive part of speculative decoding: when to speculate, which arm, and when to stop.
 
 A shard speculates while its live batch is <= `threshold`; the bandit picks an arm per batch
-bucket among the arms the health monitor still allows; with none left, decoding is plain.
+bucket among the arms the health monitor still allows; with no speculative arm left, decoding is
+plain. A `plain` arm competes with the proposers on the same reward (tokens per second).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class SpecController:
                                         config.seed)
     self.health = HealthMonitor([a.name for a in config.arms], config.min_accept_len,
                                 config.health_window)
+    self.plain_arms = {i for i, a in enumerate(config.arms) if a.proposer == "plain"}
     self.tokens = collections.Counter()
     self.row_steps = collections.Counter()
 
@@ -33,13 +35,20 @@ class SpecController:
     """Whether any speculative executable can be needed at this batch bucket."""
     return bucket <= self.top_bucket
 
+  def is_plain(self, arm: int | None) -> bool:
+    return arm is None or arm in self.plain_arms
+
   def choose(self, bucket: int, live: int) -> int | None:
-    if live > self.config.threshold or self.health.fallback:
+    """The arm for a dispatch at this bucket, or None: decode plainly outside the bandit."""
+    allowed = self.health.allowed()
+    if live > self.config.threshold or all(a in self.plain_arms for a in allowed):
       return None
-    return self.bandit.choose(bucket, self.health.allowed())
+    return self.bandit.choose(bucket, allowed)
 
   def record(self, bucket: int, arm: int, tokens: int, row_steps: int, wall_s: float) -> None:
     self.bandit.update(bucket, arm, tokens / max(wall_s, 1e-9))
+    if arm in self.plain_arms:
+      return
     self.health.record(arm, row_steps, tokens)
     self.tokens[arm] += tokens
     self.row_steps[arm] += row_steps
@@ -60,6 +69,6 @@ class SpecController:
                               for b in buckets if self.bandit.best(b, list(range(len(names))))
                               is not None},
         "retired": {names[a]: round(v, 3) for a, v in self.health.retired.items()},
-        "fallback": self.health.fallback,
+        "fallback": all(a in self.plain_arms for a in self.health.allowed()),
         "health_events": list(self.health.events),
     }

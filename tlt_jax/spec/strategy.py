@@ -7,21 +7,26 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class Strategy:
-  """One arm: a proposer and its static shape. `depth` drafts are verified per step."""
+  """One arm: a proposer and its static shape. `depth` drafts are verified per step. The `plain`
+  arm decodes without speculation: with it the bandit keeps plain decoding where no proposer
+  pays, so speculation never costs more than its exploration."""
 
   proposer: str = "suffix"
   depth: int = 4
   ngram: int = 3
 
   def __post_init__(self):
-    if self.proposer not in ("suffix", "eagle"):
-      raise ValueError(f"Unknown proposer {self.proposer!r}; available: 'suffix', 'eagle'.")
+    if self.proposer not in ("suffix", "eagle", "plain"):
+      raise ValueError(f"Unknown proposer {self.proposer!r}; available: 'suffix', 'eagle', "
+                       "'plain'.")
     if self.depth < 1 or (self.proposer == "suffix" and self.ngram < 1):
       raise ValueError(f"Strategy depth (and a suffix arm's ngram) must be >= 1, got "
                        f"{self.depth}, {self.ngram}.")
 
   @property
   def name(self) -> str:
+    if self.proposer == "plain":
+      return "plain"
     if self.proposer == "eagle":
       return f"eagle_d{self.depth}"
     return f"{self.proposer}_d{self.depth}_n{self.ngram}"
@@ -50,7 +55,7 @@ class SpecConfig:
 
   @property
   def max_depth(self) -> int:
-    return max(a.depth for a in self.arms)
+    return max((a.depth for a in self.arms if a.proposer != "plain"), default=0)
 
 
 def spec_config_from_dict(d) -> SpecConfig:
