@@ -46,6 +46,8 @@ class DrafterTrainer:
     self.opt = train_cfg.optimizer()
     self.opt_state = self.opt.init(self.params)
     self.step_count = 0
+    self.feature_dtype = jnp.dtype(target.cfg.dtype)
+    self._device = None
     graphdef, target_graphdef, opt = self.graphdef, self.target_graphdef, self.opt
 
     @jax.jit
@@ -63,6 +65,17 @@ class DrafterTrainer:
   def set_target(self, target_params) -> None:
     """The policy changed: the shared embedding/head (and features) follow the new weights."""
     self.target_params = target_params
+    self._device = None
+
+  def place(self, device) -> None:
+    """Moves the drafter's state and the target weights it reads onto `device` (for spot training
+    on whichever device is idle); a no-op when they are there already."""
+    if self._device == device:
+      return
+    put = lambda t: jax.device_put(t, device)
+    self.params, self.opt_state, self.target_params = (
+        put(self.params), put(self.opt_state), put(self.target_params))
+    self._device = device
 
   def step(self, tokens, feats, hidden, mask) -> dict:
     self.params, self.opt_state, metrics = self._update(
@@ -80,3 +93,4 @@ class DrafterTrainer:
   def load_state(self, state: dict) -> None:
     self.params, self.opt_state = state["params"], state["opt_state"]
     self.step_count = int(state["step"])
+    self._device = None

@@ -76,12 +76,19 @@ def train_on_sequences(target, toks, mask, dcfg: DrafterConfig, tcfg: DrafterTra
 
 
 def save_drafter(drafter: Drafter, directory: str, meta: dict) -> None:
-  """The deployable artifact: orbax parameters plus the drafter and target configs as JSON."""
+  """The deployable artifact: orbax parameters plus the drafter and target configs as JSON, and
+  the same weights as `drafter.safetensors` (dotted parameter paths) for other frameworks."""
+  from safetensors.numpy import save_file
+  state = nnx.state(drafter, nnx.Param)
+  configs = {"drafter_config": dataclasses.asdict(drafter.cfg),
+             "target_config": drafter.target_cfg.to_dict()}
   ck = Checkpointer(directory, keep=1)
-  ck.save(0, nnx.state(drafter, nnx.Param), {
-      **meta, "drafter_config": dataclasses.asdict(drafter.cfg),
-      "target_config": drafter.target_cfg.to_dict()})
+  ck.save(0, state, {**meta, **configs})
   ck.wait()
+  flat = {".".join(map(str, path)): np.asarray(v, np.float32)
+          for path, v in nnx.to_flat_state(state)}
+  save_file(flat, os.path.join(directory, "drafter.safetensors"),
+            metadata={"configs": json.dumps(configs, default=str)})
 
 
 def load_drafter(directory: str, target) -> tuple[Drafter, dict]:

@@ -109,6 +109,10 @@ def load_hf_folder(directory: str, dtype: str = "float32") -> tuple[Transformer,
   model = _abstract(cfg)
   weights.assign(model, {k: v.astype(np.float32) if v.dtype != np.float32 else v
                          for k, v in tensors.items()}, cfg, directory)
+  from tlt_jax.tasks.tokenizer import CharTokenizer
+  if os.path.exists(os.path.join(directory, CharTokenizer.FILE)):  # a policy of the built-in task
+    return model, CharTokenizer(json.load(open(os.path.join(directory, CharTokenizer.FILE)))[
+        "vocab_size"])
   return model, TextTokenizer.from_hf_folder(directory)
 
 

@@ -20,6 +20,15 @@ class CharTokenizer:
     self.vocab_size = vocab_size
     self._to_id = {c: i + 3 for i, c in enumerate(self.chars)}
 
+  FILE = "char_tokenizer.json"
+
+  def save(self, directory: str) -> None:
+    """Written next to an exported policy, so `load_pretrained(directory)` finds this tokenizer."""
+    import json
+    import os
+    with open(os.path.join(directory, self.FILE), "w") as f:
+      json.dump({"kind": "char", "vocab_size": self.vocab_size, "chars": self.chars}, f)
+
   def encode(self, text: str) -> list[int]:
     try:
       return [self._to_id[c] for c in text]

@@ -1,0 +1,85 @@
+"""The adaptive-drafter benchmark; the last line is one JSON object.
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=2 \
+    python -m experiments.bench_drafter --config=experiments/configs/bench_drafter.py
+
+The policy drifts through GRPO steps (the config states how much); the same run is made with the
+warm-up drafter frozen and with the adaptive drafter, whose spot trainer uses the rollout shards
+that finish early. On this CPU the "devices" are fake and share two cores: the overhead is
+measured, not assumed free.
+"""
+
+import json
+import os
+
+import numpy as np
+from absl import app
+from ml_collections import config_flags
+
+from tlt_jax.drafter.bench import accept_len, hidden_state_error
+from tlt_jax.rl.run import build_trainer
+from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.workloads import build_drafter, build_workload
+
+_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_drafter.py")
+
+
+def main(argv):
+  del argv
+  c = _CONFIG.value
+  drafter0, _ = build_drafter(c)
+  w = build_workload(c, c.num_prompts, c.seed)
+  held = build_workload(c, c.eval_prompts, c.seed + 7919)
+  ecfg = EngineConfig.from_dict(c.engine)
+  pad = w.tokenizer.pad_id
+
+  def measure(policy, drafter):
+    return accept_len(policy, drafter, held.prompts, c.eval_group_size, w.params, ecfg,
+                      c.measure_depth, pad)
+
+  initial, _ = measure(w.model, drafter0)
+  print(f"[bench_drafter] accepted length of the warm-up drafter on the initial policy: "
+        f"{initial:.3f}", flush=True)
+  runs = {}
+  for name in ("frozen", "adaptive"):
+    rc = c.copy_and_resolve_references()
+    rc.out_dir = os.path.join(c.out_dir, name)
+    if name == "frozen":
+      rc.adaptive = {}
+    trainer = build_trainer(rc)
+    history = trainer.run()
+    if len(history) != c.steps:
+      raise SystemExit(f"{rc.out_dir} already holds a run: delete it to re-run the benchmark.")
+    runs[name] = (trainer, history)
+    print(f"[bench_drafter] {name}: {c.steps} steps", flush=True)
+  (_, hf), (ta, ha) = runs["frozen"], runs["adaptive"]
+  policy = ta.updater.model()
+  frozen_final, _ = measure(policy, drafter0)
+  adaptive_final, res = measure(policy, ta.adaptive.drafter())
+  step_s = lambda h: float(np.mean([m["step_s"] - m["compile_s"] for m in h[1:]]))
+  idle = float(sum(m["idle_device_s"] for m in ha))
+  out = {
+      "steps": c.steps, "drift": c.drift,
+      "accept_len_initial": round(initial, 4),
+      "accept_len_frozen_final": round(frozen_final, 4),
+      "accept_len_adaptive_final": round(adaptive_final, 4),
+      "frozen_loss_fraction": round(1 - frozen_final / initial, 4),
+      "adaptive_kept_fraction": round(adaptive_final / initial, 4),
+      "rewards_identical": [m["reward"] for m in hf] == [m["reward"] for m in ha],
+      "hidden_state_max_err": hidden_state_error(policy, held.prompts, c.eval_group_size, res),
+      "idle_time_used_fraction": round(float(sum(m["idle_used_s"] for m in ha)) / idle, 4)
+      if idle else 0.0,
+      "idle_device_s": round(idle, 3),
+      "drafter_wall_overhead": round(step_s(ha) / step_s(hf) - 1, 4),
+      "drafter_versions_published": ta.adaptive.publisher.version,
+      "publish_refusals": sum(not e["accepted"] for e in ta.adaptive.publisher.events),
+      "spot_steps": len(ta.adaptive.spot.log),
+      "in_rollout_accept_len_frozen": [round(m["accept_len"], 3) for m in hf],
+      "in_rollout_accept_len_adaptive": [round(m["accept_len"], 3) for m in ha],
+      "devices": len(ta.engine.devices),
+  }
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,127 @@
+"""The adaptive drafter in the RL loop: capture -> buffer -> spot training -> checked publishing.
+
+Per RL step the trainer calls, in order:
+  1. `on_shard_idle` (passed to `RolloutEngine.generate`): a shard finished all its rows while
+     others still decode; spot training starts on that device (one window at a time);
+  2. `after_rollout`: the window is preempted; with `budget_s` > 0 the drafter also trains that
+     long between the rollout and the update (the one-device mode); the candidate is checked on
+     the new rollout's segments (held back: not trained on yet) and published; then those
+     segments enter the buffer;
+  3. `after_update`: the new policy's embedding and head are what the drafter reads from now on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import numpy as np
+from flax import nnx
+
+from tlt_jax.drafter.buffer import BufferConfig, DataBuffer
+from tlt_jax.drafter.publish import DrafterPublisher, PublishConfig
+from tlt_jax.drafter.spot import SpotConfig, SpotTrainer
+from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveConfig:
+  train: DrafterTrainConfig = DrafterTrainConfig()
+  buffer: BufferConfig = BufferConfig()
+  spot: SpotConfig = SpotConfig()
+  publish: PublishConfig = PublishConfig()
+  holdout_rows: int = 16         # segments of each new rollout used to check a candidate
+
+  @classmethod
+  def from_dict(cls, d) -> "AdaptiveConfig":
+    d = dict(d)
+    parts = dict(train=DrafterTrainConfig, buffer=BufferConfig, spot=SpotConfig,
+                 publish=PublishConfig)
+    return cls(**{k: parts[k](**dict(v)) if k in parts else v for k, v in d.items()})
+
+
+class AdaptiveDrafter:
+  def __init__(self, engine, drafter, target, cfg: AdaptiveConfig, pad_id: int):
+    if drafter.cfg.feature_layers:
+      raise ValueError("The adaptive drafter trains from captured final hidden states; an "
+                       "EAGLE-3 drafter fusing several layers (feature_layers) is not supported "
+                       "here. Use feature_layers=() or keep that drafter frozen.")
+    self.engine, self.cfg = engine, cfg
+    self.buffer = DataBuffer(cfg.buffer, seed=cfg.spot.seed)
+    self.spot = SpotTrainer(DrafterTrainer(drafter, target, cfg.train), self.buffer, cfg.spot,
+                            pad_id)
+    self.publisher = DrafterPublisher(engine, cfg.publish, pad_id)
+    self.in_use = self.spot.trainer.params      # the published version's parameters
+    self._log_mark = 0
+    self._windows: list[tuple[int, float]] = []  # (device id, idle since) this rollout
+
+  # ---------------------------------------------------------------- the loop's hooks
+
+  def on_shard_idle(self, shard: int, device) -> None:
+    self._windows.append((device.id, time.perf_counter()))
+    if len(self.engine.devices) > 1:
+      self.spot.start(device)
+
+  def after_rollout(self, prompts, group_size: int, result, step: int, target_params) -> dict:
+    t0 = time.perf_counter()
+    self.spot.preempt()
+    preempt_s = time.perf_counter() - t0
+    budget_steps = self.spot.train_for(self.cfg.spot.budget_s)
+    holdout = DataBuffer(dataclasses.replace(self.cfg.buffer, max_tokens=10 ** 9))
+    holdout.add_rollout(prompts, group_size, result, self.publisher.version, step)
+    rows = holdout.segments()
+    rng = np.random.default_rng([self.cfg.spot.seed, step])
+    sample = [rows[i] for i in rng.choice(len(rows), min(self.cfg.holdout_rows, len(rows)),
+                                          replace=False)] if rows else []
+    steps = self.spot.log[self._log_mark:]
+    published = False
+    if steps and sample:
+      published = self.publisher.publish(self.spot.trainer.params, target_params, sample,
+                                          current=self.in_use)
+      if published:
+        self.in_use = self.spot.trainer.params
+    for seg in rows:
+      self.buffer.add(seg)
+    idle_available = float(sum(result.timeline.wall_s - end for end in
+                               result.timeline.shard_end))
+    idle_used = float(sum(r.end - r.start for r in steps if r.start < t0))
+    self._log_mark = len(self.spot.log)
+    self._windows = []
+    last = self.publisher.events[-1] if steps and sample else {}
+    return {
+        "drafter/steps": len(steps), "drafter/budget_steps": budget_steps,
+        "drafter/loss": float(np.mean([r.loss for r in steps])) if steps else float("nan"),
+        "drafter/top1": float(np.mean([r.top1 for r in steps])) if steps else float("nan"),
+        "drafter/published": bool(published),
+        "drafter/holdout_accept_len": last.get("accept_len", float("nan")),
+        "drafter/in_use_accept_len": last.get("in_use_accept_len", float("nan")),
+        "drafter/buffer_tokens": self.buffer.tokens,
+        "drafter_s": round(time.perf_counter() - t0, 4), "drafter_preempt_s": round(preempt_s, 4),
+        "idle_device_s": round(idle_available, 4),
+        "idle_used_s": round(min(idle_used, idle_available), 4),
+    }
+
+  def after_update(self, target_params) -> None:
+    self.spot.trainer.set_target(target_params)
+
+  # ---------------------------------------------------------------- state and export
+
+  def state(self) -> dict:
+    return {**self.spot.trainer.state(), "in_use": self.in_use}
+
+  def load_state(self, state: dict, version: int) -> None:
+    self.spot.trainer.load_state(state)
+    self.in_use = state["in_use"]
+    self.publisher.version = version
+    self.engine.set_drafter(self.in_use, version)
+
+  def drafter(self):
+    """The published drafter (what the engine uses)."""
+    return nnx.merge(self.spot.trainer.graphdef, self.in_use)
+
+  def export(self, directory: str, meta: dict | None = None) -> str:
+    from tlt_jax.drafter.warmup import save_drafter
+    path = os.path.join(directory, "drafter")
+    save_drafter(self.drafter(), path, {"version": self.publisher.version, **(meta or {})})
+    return path

@@ -1,0 +1,97 @@
+"""Versioned publishing of drafter weights to the rollout engine, with checks.
+
+A candidate replaces the drafter in use only if every weight is finite and its accepted length on
+a held-back sample (segments of the newest rollout, never trained on) has not collapsed: it must
+reach `min_ratio` x that of the version in use. The engine installs a version on every shard
+between dispatches, never in the middle of a verification.
+
+The accepted length is estimated by teacher forcing: at each position the drafter's greedy
+prediction is compared with the target's, and a draft chain of `depth` from position i is accepted
+up to its first miss, so the estimate is the mean over i of 1 + (consecutive hits from i, <= depth).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tlt_jax.drafter.buffer import Segment, pack_segments
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishConfig:
+  depth: int = 4
+  min_ratio: float = 0.8        # of the in-use version's accepted length on the same sample
+  seq_len: int = 128
+
+
+def chain_accept_len(hits_BxL: np.ndarray, valid_BxL: np.ndarray, depth: int) -> float:
+  """Mean over valid positions of 1 + the run of consecutive hits starting there (<= depth)."""
+  b, l = hits_BxL.shape
+  run = np.zeros((b, l + 1), np.int64)
+  for t in range(l - 1, -1, -1):
+    run[:, t] = np.where(hits_BxL[:, t] & valid_BxL[:, t], run[:, t + 1] + 1, 0)
+  acc = 1 + np.minimum(run[:, :l], depth)
+  return float(acc[valid_BxL].mean()) if valid_BxL.any() else 0.0
+
+
+def teacher_forced_hits(drafter, target, toks_BxL, hidden_BxLxD, mask_BxL):
+  """Per position t: does the drafter's greedy token after t+1 equal the target's?"""
+  emb = target.embed(toks_BxL[:, 1:])
+  g, _ = drafter(emb, drafter.project(hidden_BxLxD[:, :-1]))
+  draft = jnp.argmax(target.head(g), -1)
+  want = jnp.argmax(target.head(hidden_BxLxD[:, 1:]), -1)
+  valid = (mask_BxL[:, 1:] * mask_BxL[:, :-1]) > 0
+  return draft == want, valid
+
+
+class DrafterPublisher:
+  """Checks candidates and installs accepted ones in the engine with increasing versions."""
+
+  def __init__(self, engine, cfg: PublishConfig, pad_id: int):
+    self.engine, self.cfg, self.pad_id = engine, cfg, pad_id
+    self.version = engine.drafter_version
+    self.events: list[dict] = []
+    graphdef = engine.dgraphdef
+    tgraphdef = engine.graphdef
+
+    @jax.jit
+    def hits(dparams, tparams, toks, hidden, mask):
+      return teacher_forced_hits(nnx.merge(graphdef, dparams), nnx.merge(tgraphdef, tparams),
+                                 toks, hidden, mask)
+    self._hits = hits
+
+  def accept_len(self, dparams, target_params, sample: list[Segment]) -> float:
+    """Estimated accepted length of drafter `dparams` on held-back segments."""
+    toks, hidden, mask = pack_segments(sample, self.cfg.seq_len, self.pad_id)
+    put = lambda t: jax.device_put(t, self.engine.devices[0])  # wherever they were trained
+    h, v = self._hits(put(dparams), put(target_params), toks, hidden, mask)
+    return chain_accept_len(np.asarray(h), np.asarray(v), self.cfg.depth)
+
+  def publish(self, candidate, target_params, sample: list[Segment], current=None) -> bool:
+    """Installs `candidate` (drafter params) if it passes the checks; returns whether it did."""
+    event = {"candidate_version": self.version + 1}
+    finite = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(candidate))
+    if not finite:
+      event.update(accepted=False, reason="non-finite weights")
+    else:
+      new = self.accept_len(candidate, target_params, sample)
+      old = self.accept_len(current, target_params, sample) if current is not None else 0.0
+      event.update(accept_len=round(new, 4), in_use_accept_len=round(old, 4))
+      if new < self.cfg.min_ratio * old or new <= 1.0:
+        event.update(accepted=False, reason=f"accepted length {new:.2f} collapsed (in use: "
+                                            f"{old:.2f}, min ratio {self.cfg.min_ratio})")
+      else:
+        event["accepted"] = True
+    self.events.append(event)
+    if not event["accepted"]:
+      logging.warning("drafter version %d refused: %s", self.version + 1, event["reason"])
+      return False
+    self.version += 1
+    self.engine.set_drafter(candidate, self.version)
+    return True
