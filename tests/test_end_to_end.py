@@ -1,21 +1,37 @@
-"""End-to-end runs (make test-slow): the demo on the real warm start, benchmark variants."""
+"""End-to-end runs (make test-slow): the demo on the real warm start, benchmark variants, GRPO
+runs, resume after SIGKILL, and the notebooks executed on small runs."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
+
+from tests.test_launchers import ROOT
+from tlt_jax.rl.compare import read_metrics
 
 from tests.test_launchers import last_json, run_module
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(1800)  # trains the warm start from scratch on a fresh clone (~7 min)
-def test_demo_meets_the_task_properties():
+@pytest.mark.timeout(1800)  # trains the warm start and the drafter from scratch on a fresh clone
+def test_demo_meets_the_task_properties_and_runs_tlt_against_a_baseline(tmp_path):
   """The warm-started policy at temperature 1: accuracy in [0.2, 0.7], a long tail of lengths
-  (p99 >= 5 x median) and >= 30% of G=8 groups with mixed rewards."""
+  (p99 >= 5 x median) and >= 30% of G=8 groups with mixed rewards; then TLT (coupled) and the
+  baseline give identical per-step rewards."""
   out = last_json(run_module("experiments.demo", "--config=experiments/configs/demo.py",
-                             timeout=1500))
+                             f"--config.out_dir={tmp_path}", timeout=1700))
   assert 0.2 <= out["warm_start_accuracy"] <= 0.7
   assert out["length_p99"] >= 5 * out["length_p50"]
   assert out["mixed_group_fraction"] >= 0.3
+  assert out["steps"] == 10 and out["rewards_identical"] is True
+  assert 0.0 <= out["reward_before"] <= 1.0 and 0.0 <= out["reward_after"] <= 1.0
+  assert out["accept_len"] > 1.0
+  for k in ("e2e_speedup", "rollout_speedup", "amdahl_bound", "rollout_share"):
+    assert out[k] > 0, k
 
 
 def test_bench_rollout_small(tmp_path):
@@ -39,13 +55,57 @@ def test_bench_spec_small(tmp_path):
   assert out["accept_len"] >= 1.0
 
 
-def test_train_grpo_small_tlt_is_the_same_run_as_the_baseline(tmp_path):
+def test_train_grpo_small_tlt_is_the_same_run_as_the_baseline_and_the_notebooks_run(
+    tmp_path, monkeypatch):
   outs = []
   for name in ("tiny_baseline", "tiny_tlt"):
     outs.append(last_json(run_module(
         "experiments.train_grpo", f"--config=experiments/configs/{name}.py:small",
         f"--config.out_dir={tmp_path / name}", f"--config.sft.cache_dir={tmp_path}",
         f"--config.cache_dir={tmp_path}")))
-  assert outs[0]["steps"] == outs[1]["steps"] == 2
-  assert outs[0]["reward_first"] == outs[1]["reward_first"]
-  assert outs[0]["reward_last"] == outs[1]["reward_last"]
+  assert outs[0]["steps"] == outs[1]["steps"] == 3
+  assert "eval_accuracy_first" in outs[0] and "eval_accuracy_final" in outs[0]
+  cmp = last_json(run_module("experiments.compare_runs", str(tmp_path / "tiny_baseline"),
+                             str(tmp_path / "tiny_tlt")))
+  assert cmp["reward_max_abs_diff"] == 0.0 and cmp["steps"] == 3
+  assert cmp["amdahl_bound"] > 0 and cmp["e2e_speedup"] > 0
+
+  import nbformat
+  from nbclient import NotebookClient
+  monkeypatch.setenv("TLT_BASELINE_RUN", str(tmp_path / "tiny_baseline"))
+  monkeypatch.setenv("TLT_RUN", str(tmp_path / "tiny_tlt"))
+  for name in ("reward_curves", "rollout_anatomy"):
+    nb = nbformat.read(os.path.join(ROOT, "notebooks", f"{name}.ipynb"), as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": os.path.join(ROOT, "notebooks")}}).execute()
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if "image/png" in o.get("data", {})]
+    assert images, f"{name} drew no figure"
+
+
+@pytest.mark.timeout(1500)
+def test_a_run_killed_with_sigkill_resumes_the_same_trajectory(tmp_path):
+  common = ["--config=experiments/configs/tiny_baseline.py:small",
+            f"--config.sft.cache_dir={tmp_path}", "--config.steps=5",
+            "--config.optim.total_steps=5", "--config.checkpoint_every=1", "--config.eval_every=0"]
+  straight = tmp_path / "straight"
+  last_json(run_module("experiments.train_grpo", *common, f"--config.out_dir={straight}"))
+  killed = tmp_path / "killed"
+  cmd = [sys.executable, "-m", "experiments.train_grpo", *common, f"--config.out_dir={killed}"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  deadline = time.time() + 600
+  while not (killed / "checkpoints" / "2").is_dir():  # orbax renames a finished step into place
+    assert proc.poll() is None and time.time() < deadline, "the run ended before step 2"
+    time.sleep(0.2)
+  os.kill(proc.pid, signal.SIGKILL)
+  proc.wait()
+  assert len(read_metrics(str(killed))) < 5
+  resumed = last_json(run_module("experiments.train_grpo", *common, f"--config.out_dir={killed}"))
+  assert resumed["first_step"] >= 2
+  a, b = read_metrics(str(straight)), read_metrics(str(killed))
+  assert [m["step"] for m in b] == [0, 1, 2, 3, 4]
+  for x, y in zip(a, b):
+    assert x["reward"] == y["reward"] and x["length_max"] == y["length_max"]
+    assert x["grpo/loss"] == pytest.approx(y["grpo/loss"], abs=1e-6)

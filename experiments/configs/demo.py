@@ -1,4 +1,6 @@
-"""The demo: warm start the `tiny` policy on the built-in task, then a sampling run.
+"""The demo: warm start the `tiny` policy on the built-in task, check the task's properties, then
+a short TLT run (GRPO with speculative decoding and the warm-up drafter) against a baseline run of
+the same steps.
 
 Run:
   make demo            # = python -m experiments.demo --config=experiments/configs/demo.py
@@ -8,15 +10,27 @@ Small CPU variant (tests):
 
 import ml_collections
 
-from experiments.configs import sft_tiny
+from experiments.configs import sft_tiny, tiny_baseline, tiny_tlt
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
+  if variant not in ("", "small"):
+    raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
+  small = "small" if variant == "small" else ""
   c = ml_collections.ConfigDict()
-  c.sft = sft_tiny.get_config(variant)
+  c.sft = sft_tiny.get_config(small)
   c.eval = ml_collections.ConfigDict(dict(num_prompts=128, group_size=8, temperature=1.0,
                                           seed=4321))
-  if variant == "small":
-    c.eval.num_prompts = 8
-    c.eval.group_size = 4
+  c.out_dir = "runs/demo"
+  c.baseline = tiny_baseline.get_config(small)
+  c.tlt = tiny_tlt.get_config(small)
+  for name in ("baseline", "tlt"):  # sft, out_dir and cache_dir follow c's (set by the demo)
+    run = c[name]
+    if not small:
+      run.steps = run.optim.total_steps = 10
+      run.eval_every = 10            # held-out accuracy before the first step and after the last
+      run.eval_prompts = 128
+      run.warmup.steps = 150         # a shorter drafter warm-up than drafter_tiny's 300 steps
+  if small:
+    c.eval.num_prompts, c.eval.group_size = 8, 4
   return c

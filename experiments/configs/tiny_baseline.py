@@ -27,12 +27,17 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
                                            end_lr_fraction=0.1, weight_decay=0.0, clip=1.0,
                                            b1=0.9, b2=0.999))
   c.micro_batches = 1
+  c.mesh = (1, 1)              # (data, fsdp) devices of the policy update
   c.checkpoint_every = 5
+  c.eval_every = 5             # held-out accuracy every N steps (and at the end); 0: off
+  c.eval_prompts = 64
+  c.eval_group_size = 4
   c.spec = ml_collections.ConfigDict()  # empty: no speculative decoding
   if variant == "small":
-    c.num_prompts, c.steps, c.prompts_per_step, c.group_size = 16, 2, 4, 4
-    c.optim.total_steps = 2
+    c.num_prompts, c.steps, c.prompts_per_step, c.group_size = 16, 3, 4, 4
+    c.optim.total_steps = 3
     c.checkpoint_every = 1
+    c.eval_every, c.eval_prompts, c.eval_group_size = 2, 4, 2
   elif variant:
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
   return c

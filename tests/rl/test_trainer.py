@@ -65,3 +65,31 @@ def test_resume_continues_the_same_trajectory(tmp_path):
   assert len(resumed) == 1 and resumed[0]["step"] == 2
   for k in KEYS:
     assert resumed[0][k] == pytest.approx(straight[2][k], abs=1e-5), k
+
+
+def test_held_out_evaluation_and_the_rollout_record(tmp_path):
+  w = workload()
+  tr = Trainer(w, out_dir=str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
+               engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,)),
+               grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
+               eval_prompts=w.prompts[:6], eval_answers=[None] * 6, eval_every=2,
+               eval_group_size=2)
+  hist = tr.run(progress=False)
+  assert [("eval/accuracy" in m) for m in hist] == [True, False, True]
+  assert "final_eval/accuracy" in hist[-1] and 0.0 <= hist[-1]["final_eval/accuracy"] <= 1.0
+  for m in hist:
+    assert 0.0 <= m["tail_s"] <= m["rollout_s"] and m["accuracy"] == m["reward"]  # 0/1 reward
+  records = [json.loads(l) for l in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records] == [0, 1, 2]
+  decode = [e for e in records[0]["events"] if e[1] == "decode"]
+  assert decode and decode[0][5] == 16 and sum(e[7] for e in decode) > 0  # 16 live rows, tokens
+
+
+def test_bad_trainer_settings_are_clear_errors(tmp_path):
+  kw = dict(out_dir=str(tmp_path), steps=1, group_size=4, grpo=GRPOConfig(), optim=OptimConfig(),
+            engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,)))
+  with pytest.raises(ValueError, match="exceeds the prompt pool"):
+    Trainer(workload(), prompts_per_step=99, **kw)
+  with pytest.raises(ValueError, match="prefill bucket"):
+    Trainer(workload(), prompts_per_step=4, **{**kw, "engine_cfg": EngineConfig(
+        precompile=False, prefill_buckets=(4,))})

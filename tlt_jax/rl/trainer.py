@@ -1,8 +1,14 @@
 """The GRPO loop: prompts -> rollout (engine, optionally speculative) -> rewards -> update ->
-weight sync, with JSONL + TensorBoard metrics and orbax checkpoints.
+weight sync -> (optionally) the adaptive drafter's spot training and checked publishing, with
+JSONL + TensorBoard metrics, a per-step rollout record and orbax checkpoints.
 
 `baseline` and `tlt` runs are the same loop; `tlt` only adds speculative decoding to the rollout
 engine. With the `coupled` rule the rollouts, and so the whole run, are identical.
+
+Run directory: `metrics.jsonl` (one record per step), `rollouts.jsonl` (every engine dispatch of
+each step's rollout: the shrinking batch, speculation), `tb/` (TensorBoard), `checkpoints/`.
+Everything a step draws is addressed by the step (prompts, sampling keys), so a run resumed from
+the checkpoint of step s continues the trajectory of a run that was never stopped.
 """
 
 from __future__ import annotations
@@ -23,6 +29,12 @@ from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig
 
+_EVAL_KEY = 1_000_003  # folded into the run key for held-out evaluation: never a training key
+
+
+class TrainingError(RuntimeError):
+  """The run stopped on a fault (e.g. a non-finite loss); the last good checkpoint is intact."""
+
 
 def pack_rows(prompts, responses, prompt_bucket: int, n: int, pad_id: int):
   """Sequences `[R, P + N]` (prompt left-aligned, response right after it), prompt lengths,
@@ -39,24 +51,68 @@ def pack_rows(prompts, responses, prompt_bucket: int, n: int, pad_id: int):
   return toks, plen, mask
 
 
+def rollout_record(step: int, res) -> dict:
+  """The engine's dispatches of one rollout, compactly: the input of `rollout_anatomy.ipynb`."""
+  tl = res.timeline
+  events = [[e.shard, e.kind, round(e.start, 5), round(e.end, 5), e.bucket, e.live, e.live_after,
+             e.tokens] for e in tl.events]
+  return {"step": step, "wall_s": round(tl.wall_s, 5), "shard_idle_s": tl.summary()["shard_idle_s"],
+          "events": events, "spec": tl.spec}
+
+
+def tail_seconds(res, fraction: float = 0.25) -> float:
+  """Decode time while the live batch is at most `fraction` of the rollout's widest batch."""
+  dec = [e for e in res.timeline.events if e.kind != "prefill" and e.kind != "compact"]
+  if not dec:
+    return 0.0
+  widest = max(e.live for e in dec)
+  return float(sum(e.end - e.start for e in dec if e.live <= max(1, fraction * widest)))
+
+
 class Trainer:
+  """One GRPO run. `mesh_shape` = (data, fsdp) for the update; `eval_prompts` (with answers) are
+  scored every `eval_every` steps, at step 0 and at the end (`eval/accuracy`)."""
+
   def __init__(self, workload, *, out_dir: str, steps: int, prompts_per_step: int,
                group_size: int, engine_cfg: EngineConfig, grpo: GRPOConfig, optim: OptimConfig,
                seed: int = 0, spec: SpecConfig | None = None, drafter=None,
                prompt_pool: list | None = None, answers: list | None = None,
-               checkpoint_every: int = 0, keep: int = 2, micro_batches: int = 1):
+               checkpoint_every: int = 0, keep: int = 2, micro_batches: int = 1,
+               mesh_shape: tuple[int, int] = (1, 1), eval_prompts: list | None = None,
+               eval_answers: list | None = None, eval_every: int = 0, eval_group_size: int = 4,
+               adaptive=None, export: bool = False):
+    if steps < 1 or prompts_per_step < 1 or group_size < 1:
+      raise ValueError(f"steps, prompts_per_step and group_size must be >= 1, got {steps}, "
+                       f"{prompts_per_step}, {group_size}.")
     self.w, self.out_dir, self.steps = workload, out_dir, steps
     self.prompts_per_step, self.group_size, self.seed = prompts_per_step, group_size, seed
     self.pool_prompts = prompt_pool if prompt_pool is not None else workload.prompts
     self.pool_answers = answers if answers is not None else workload.answers
-    self.prompt_bucket = next(b for b in engine_cfg.prefill_buckets
-                              if b >= max(len(p) for p in self.pool_prompts))
-    self.updater = PolicyUpdater(workload.model, make_mesh(1, 1), grpo, optim, workload.params,
-                                 micro_batches)
+    if prompts_per_step > len(self.pool_prompts):
+      raise ValueError(f"prompts_per_step={prompts_per_step} exceeds the prompt pool "
+                       f"({len(self.pool_prompts)}); raise num_prompts or lower prompts_per_step.")
+    self.prompt_bucket = next((b for b in engine_cfg.prefill_buckets
+                               if b >= max(len(p) for p in self.pool_prompts)), None)
+    if self.prompt_bucket is None:
+      raise ValueError(f"The longest prompt ({max(len(p) for p in self.pool_prompts)} tokens) "
+                       f"exceeds every prefill bucket {engine_cfg.prefill_buckets}; add a "
+                       "larger bucket to engine.prefill_buckets.")
+    self.updater = PolicyUpdater(workload.model, make_mesh(*mesh_shape), grpo, optim,
+                                 workload.params, micro_batches)
     self.engine = RolloutEngine(workload.model, engine_cfg, pad_id=workload.tokenizer.pad_id,
                                 spec=spec, drafter=drafter)
-    self.ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=keep) \
-        if checkpoint_every else None
+    self.adaptive = None
+    if adaptive is not None:
+      if drafter is None:
+        raise ValueError("An adaptive drafter needs a drafter to start from (the warm-up one).")
+      from tlt_jax.drafter.adaptive import AdaptiveDrafter
+      self.adaptive = AdaptiveDrafter(self.engine, drafter, workload.model, adaptive,
+                                      workload.tokenizer.pad_id)
+    self.export = export
+    self.eval_prompts, self.eval_answers = eval_prompts, eval_answers
+    self.eval_every, self.eval_group_size = eval_every, eval_group_size
+    self.ckpt_dir = os.path.join(out_dir, "checkpoints")
+    self.ckpt = Checkpointer(self.ckpt_dir, keep=keep) if checkpoint_every else None
     self.checkpoint_every = checkpoint_every
     self.step = 0
     os.makedirs(out_dir, exist_ok=True)
@@ -66,14 +122,32 @@ class Trainer:
     rng = np.random.default_rng([self.seed, step])
     return rng.choice(len(self.pool_prompts), self.prompts_per_step, replace=False)
 
-  def train_step(self) -> dict:
+  def evaluate(self) -> dict:
+    """Held-out accuracy of the current policy (fixed key: the same samples' noise every time)."""
+    key = jax.random.fold_in(jax.random.key(self.seed), _EVAL_KEY)
+    res = self.engine.generate(self.eval_prompts, self.eval_group_size, self.w.params, key)
+    g = self.eval_group_size
+    rewards = [self.w.reward_fn(res.response(i), self.eval_answers[i // g])
+               for i in range(len(res.lengths))]
+    return {"eval/accuracy": float(np.mean(np.asarray(rewards) >= 1.0)),
+            "eval/reward": float(np.mean(rewards)),
+            "eval/length_p50": float(np.percentile(res.lengths, 50))}
+
+  def train_step(self) -> tuple[dict, dict]:
+    """One RL step; returns (metrics, rollout record)."""
     t0 = time.perf_counter()
     idx = self._batch_indices(self.step)
     prompts = [self.pool_prompts[i] for i in idx]
     key = jax.random.fold_in(jax.random.key(self.seed), self.step)
-    res = self.engine.generate(prompts, self.group_size, self.w.params, key)
+    ad = self.adaptive
+    res = self.engine.generate(prompts, self.group_size, self.w.params, key,
+                               capture_hidden=ad is not None,
+                               on_shard_idle=ad.on_shard_idle if ad is not None else None)
     t_rollout = time.perf_counter() - t0
     g = self.group_size
+    drafter_metrics = {}
+    if ad is not None:
+      drafter_metrics = ad.after_rollout(prompts, g, res, self.step, self._engine_state())
     rewards = np.array([self.w.reward_fn(res.response(i), self.pool_answers[idx[i // g]])
                         for i in range(len(res.lengths))], np.float32)
     n = self.w.params.max_new_tokens
@@ -87,67 +161,136 @@ class Trainer:
                         jnp.zeros_like(old_logp))
     t1 = time.perf_counter()
     metrics = self.updater.update(batch)
-    self.engine.set_weights(self._engine_state())
+    new_state = self._engine_state()
+    self.engine.set_weights(new_state)
+    if ad is not None:
+      ad.after_update(new_state)
     t_update = time.perf_counter() - t1
     r = rewards.reshape(-1, g)
     summary = res.timeline.summary()
     out = {
         "step": self.step, "reward": float(rewards.mean()),
+        "accuracy": float((rewards >= 1.0).mean()),
         "mixed_group_fraction": float((r.max(1) > r.min(1)).mean()),
         "length_p50": float(np.percentile(res.lengths, 50)),
         "length_p90": float(np.percentile(res.lengths, 90)), "length_max": int(res.lengths.max()),
-        "rollout_s": round(t_rollout, 4), "update_s": round(t_update, 4),
+        "rollout_s": round(t_rollout, 4), "tail_s": round(tail_seconds(res), 4),
+        "update_s": round(t_update, 4), "drafter_s": 0.0,
+        "idle_device_s": round(float(sum(summary["shard_idle_s"])), 4), "idle_used_s": 0.0,
         "step_s": round(time.perf_counter() - t0, 4),
         "tokens_per_s": summary["tokens_per_s"], "sd_on_fraction": summary["sd_on_fraction"],
         "accept_len": summary.get("spec", {}).get("accept_len", 0.0),
         "drafter_version": self.engine.drafter_version,
-        "compile_events": summary["compile_events"], "logprob_mismatch_max": mismatch,
+        "compile_events": summary["compile_events"], "compile_s": summary["compile_s"],
+        "logprob_mismatch_max": mismatch,
         **{f"grpo/{k}": v for k, v in metrics.items()},
+        **drafter_metrics,
     }
+    out["drafter_version"] = self.engine.drafter_version
     out["rollout_share"] = round(out["rollout_s"] / out["step_s"], 4)
+    record = rollout_record(self.step, res)
     self.step += 1
-    return out
+    return out, record
 
   def _engine_state(self):
     from flax import nnx
     return nnx.state(self.updater.model())
 
+  def _checkpoint_state(self) -> dict:
+    state = {"params": self.updater.params, "opt": self.updater.opt_state}
+    if self.adaptive is not None:
+      state["drafter"] = self.adaptive.state()
+    return state
+
   def save(self) -> None:
-    self.ckpt.save(self.step, {"params": self.updater.params, "opt": self.updater.opt_state},
-                   {"step": self.step, "seed": self.seed})
+    self.ckpt.save(self.step, self._checkpoint_state(),
+                   {"step": self.step, "seed": self.seed, "update_count": self.updater.step_count,
+                    "drafter_version": self.engine.drafter_version,
+                    "data_iterator": {"kind": "step-addressed", "next_step": self.step}})
 
   def restore(self) -> bool:
-    """Resumes from the latest checkpoint if the run directory has one."""
-    if self.ckpt is None or self.ckpt.latest_step() is None:
+    """Resumes from the latest checkpoint if the run directory has one; a damaged or mismatched
+    checkpoint raises `CheckpointError` (never a silent fresh start)."""
+    if self.ckpt is None:
+      if os.path.isdir(self.ckpt_dir) and os.listdir(self.ckpt_dir):
+        raise TrainingError(
+            f"{self.out_dir} holds checkpoints but checkpoint_every is 0: resuming would be "
+            "skipped. Set checkpoint_every > 0 to resume, or use a new out_dir.")
       return False
-    state, meta, _ = self.ckpt.restore({"params": self.updater.params,
-                                        "opt": self.updater.opt_state})
+    if self.ckpt.latest_step() is None:
+      return False
+    state, meta, _ = self.ckpt.restore(self._checkpoint_state())
+    if int(meta.get("seed", self.seed)) != self.seed:
+      raise TrainingError(f"The checkpoint in {self.ckpt_dir} was written with seed "
+                          f"{meta['seed']} but the config says {self.seed}; use the same seed to "
+                          "resume, or a new out_dir.")
     self.updater.params, self.updater.opt_state = state["params"], state["opt"]
+    self.updater.step_count = int(meta.get("update_count", meta["step"]))
     self.step = int(meta["step"])
     self.engine.set_weights(self._engine_state())
+    if self.adaptive is not None:
+      self.adaptive.load_state(state["drafter"], int(meta.get("drafter_version", 0)))
+      self.adaptive.after_update(self._engine_state())
     return True
 
+  def export_artifacts(self) -> str:
+    """The final policy as a Hugging Face folder and, with an adaptive drafter, the drafter next
+    to it (orbax + config): `experiments.generate --model=DIR/policy --drafter=DIR/drafter`."""
+    from tlt_jax.models.pretrained import save_pretrained
+    directory = os.path.join(self.out_dir, "export")
+    save_pretrained(self.updater.model(), self.w.tokenizer, os.path.join(directory, "policy"))
+    if self.adaptive is not None:
+      self.adaptive.export(directory, {"rl_step": self.step})
+    return directory
+
   def run(self, progress: bool = True) -> list[dict]:
+    """Trains to `steps` (resuming if the run directory has a checkpoint); returns this call's
+    step records."""
     from tensorboardX import SummaryWriter
     resumed = self.restore()
     writer = SummaryWriter(os.path.join(self.out_dir, "tb"))
-    log = open(os.path.join(self.out_dir, "metrics.jsonl"), "a" if resumed else "w")
+    mode = "a" if resumed else "w"
+    log = open(os.path.join(self.out_dir, "metrics.jsonl"), mode)
+    rollout_log = open(os.path.join(self.out_dir, "rollouts.jsonl"), mode)
+    evaluating = self.eval_prompts is not None and self.eval_every > 0
     history = []
     bar = tqdm(range(self.step, self.steps), desc="grpo", disable=not progress,
                initial=self.step, total=self.steps)
-    for _ in bar:
-      m = self.train_step()
-      history.append(m)
-      log.write(json.dumps(m) + "\n")
-      log.flush()
-      for k, v in m.items():
-        if isinstance(v, (int, float)):
-          writer.add_scalar(k, v, m["step"])
-      bar.set_postfix(reward=f"{m['reward']:.3f}", len=f"{m['length_p50']:.0f}")
-      if self.ckpt is not None and self.step % self.checkpoint_every == 0:
-        self.save()
-    if self.ckpt is not None:
-      self.ckpt.wait()
-    writer.close()
-    log.close()
+    try:
+      for _ in bar:
+        ev = self.evaluate() if evaluating and self.step % self.eval_every == 0 else {}
+        try:
+          m, record = self.train_step()
+        except FloatingPointError as e:
+          last = self.ckpt.latest_step() if self.ckpt is not None else None
+          where = (f"the last good checkpoint is step {last} in {self.ckpt_dir}" if last
+                   is not None else "no checkpoint was written yet")
+          raise TrainingError(f"Stopped at step {self.step}: {e} Nothing was saved after the "
+                              f"fault; {where}.") from e
+        m.update(ev)
+        if evaluating and self.step == self.steps:
+          m.update({f"final_{k}": v for k, v in self.evaluate().items()})
+        history.append(m)
+        log.write(json.dumps(m) + "\n")
+        log.flush()
+        rollout_log.write(json.dumps(record) + "\n")
+        rollout_log.flush()
+        for k, v in m.items():
+          if isinstance(v, (int, float)):
+            writer.add_scalar(k, v, m["step"])
+        bar.set_postfix(reward=f"{m['reward']:.3f}", len=f"{m['length_p50']:.0f}",
+                        acc_len=f"{m['accept_len']:.2f}")
+        if self.ckpt is not None and (self.step % self.checkpoint_every == 0
+                                      or self.step == self.steps):
+          self.save()
+      if self.export and history:
+        print(f"[trainer] exported the final policy (and drafter) to {self.export_artifacts()}")
+    finally:
+      if self.adaptive is not None:
+        self.adaptive.spot.preempt()
+      if self.ckpt is not None:
+        self.ckpt.wait()
+      writer.close()
+      log.close()
+      rollout_log.close()
     return history

@@ -1,0 +1,25 @@
+"""A sweep: the tiny baseline at two seeds (the seed-to-seed spread that a `rejection`-rule TLT
+run is compared against), one run directory per point.
+
+Run:
+  python -m experiments.sweep --config=experiments/configs/tiny_seeds.py
+  python -m experiments.sweep --config=experiments/configs/tiny_seeds.py:tlt_rejection
+"""
+
+import ml_collections
+
+from experiments.configs import tiny_baseline, tiny_tlt
+
+
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+  if variant not in ("", "tlt_rejection", "small"):
+    raise ValueError(f"Unknown variant {variant!r}; use '', 'tlt_rejection' or 'small'.")
+  if variant == "tlt_rejection":
+    c = tiny_tlt.get_config()
+    c.spec.rule = "rejection"
+  else:
+    c = tiny_baseline.get_config("small" if variant == "small" else "")
+  c.name = f"tiny_seeds_{variant or 'baseline'}"
+  c.out_dir = f"runs/{c.name}"
+  c.sweep = ml_collections.ConfigDict({"seed": (0, 1)})
+  return c

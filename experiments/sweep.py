@@ -1,0 +1,45 @@
+"""Runs every point of a config's sweep grid, one run directory each; the last line is one JSON
+object listing the points and their final figures.
+
+  python -m experiments.sweep --config=experiments/configs/tiny_seeds.py
+Re-running the same command resumes: finished points are skipped, a killed one resumes from its
+latest checkpoint. Points run one after the other, each in its own process.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from tlt_jax.rl.compare import read_metrics
+from tlt_jax.sweep import grid_points, point_args, point_name
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "A launcher config with a `sweep` grid.")
+_MODULE = flags.DEFINE_string("module", "experiments.train_grpo", "The launcher each point runs.")
+
+
+def main(argv):
+  del argv
+  c = _CONFIG.value
+  points = grid_points(dict(c.get("sweep", {})))
+  config_arg = next(a for a in sys.argv if a.startswith("--config="))
+  results = []
+  for i, point in enumerate(points):
+    run_dir = os.path.join(c.out_dir, point_name(point))
+    print(f"[sweep] point {i + 1}/{len(points)}: {point} -> {run_dir}", flush=True)
+    proc = subprocess.run([sys.executable, "-m", _MODULE.value,
+                           *point_args(config_arg, point, c.out_dir)])
+    if proc.returncode != 0:
+      raise SystemExit(f"[sweep] point {point} failed (exit {proc.returncode}); fix it and re-run "
+                       "the same command to resume the sweep.")
+    last = read_metrics(run_dir)[-1]
+    results.append({"point": point, "run_dir": run_dir, "steps": last["step"] + 1,
+                    "reward_last": last["reward"]})
+  print(json.dumps({"sweep": c.name, "points": results}))
+
+
+if __name__ == "__main__":
+  app.run(main)

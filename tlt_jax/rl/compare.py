@@ -1,0 +1,67 @@
+"""Comparing two GRPO runs (a baseline and a TLT run of the same config and seed) from their
+`metrics.jsonl`: is it the same run, how much faster is it, and how much faster could it be.
+
+`amdahl_bound` = 1 / ((1 - share) + share / rollout_speedup), where `share` is the rollout's share
+of the baseline's step time: the end-to-end speedup that a rollout speedup alone can give.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+  """The per-step records of a run directory (the last record of each step wins, so a resumed
+  run that repeated a step counts it once)."""
+  path = os.path.join(run_dir, "metrics.jsonl")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"No metrics.jsonl in {run_dir!r}: is it a train_grpo run directory?")
+  by_step = {}
+  with open(path) as f:
+    for line in f:
+      if line.strip():
+        rec = json.loads(line)
+        by_step[rec["step"]] = rec
+  if not by_step:
+    raise ValueError(f"{path} holds no steps yet.")
+  return [by_step[s] for s in sorted(by_step)]
+
+
+def amdahl_bound(share: float, rollout_speedup: float) -> float:
+  return 1.0 / ((1.0 - share) + share / rollout_speedup)
+
+
+def compare_runs(baseline_dir: str, tlt_dir: str, skip_first: int = 1) -> dict:
+  """Figures of `tlt_dir` against `baseline_dir` over the steps both ran.
+
+  Rewards are compared on every common step. Times leave out the first `skip_first` steps (first
+  executions) and every step's compilation seconds (executables compiled on first use), which are
+  reported apart as `compile_s_baseline` / `compile_s_tlt`: a long run compiles once.
+  """
+  base = {m["step"]: m for m in read_metrics(baseline_dir)}
+  tlt = {m["step"]: m for m in read_metrics(tlt_dir)}
+  steps = sorted(set(base) & set(tlt))
+  if not steps:
+    raise ValueError(f"{baseline_dir!r} and {tlt_dir!r} have no step in common.")
+  diffs = [abs(base[s]["reward"] - tlt[s]["reward"]) for s in steps]
+  timed = steps[skip_first:] if len(steps) > skip_first else steps
+  total = lambda run, k: float(sum(run[s][k] - run[s].get("compile_s", 0.0) for s in timed))
+  share = total(base, "rollout_s") / total(base, "step_s")
+  rollout_speedup = total(base, "rollout_s") / total(tlt, "rollout_s")
+  bound = amdahl_bound(share, rollout_speedup)
+  e2e = total(base, "step_s") / total(tlt, "step_s")
+  return {
+      "steps": len(steps), "timed_steps": len(timed),
+      "reward_max_abs_diff": float(max(diffs)),
+      "rewards_identical": bool(max(diffs) == 0.0),
+      "e2e_speedup": round(e2e, 4), "rollout_speedup": round(rollout_speedup, 4),
+      "rollout_share": round(share, 4), "amdahl_bound": round(bound, 4),
+      "e2e_over_amdahl": round(e2e / bound, 4),
+      "compile_s_baseline": round(sum(base[s].get("compile_s", 0.0) for s in steps), 3),
+      "compile_s_tlt": round(sum(tlt[s].get("compile_s", 0.0) for s in steps), 3),
+      "accept_len": round(float(np.mean([tlt[s].get("accept_len", 0.0) for s in timed])), 4),
+      "reward_baseline_last": base[steps[-1]]["reward"], "reward_tlt_last": tlt[steps[-1]]["reward"],
+  }

@@ -1,0 +1,84 @@
+"""A GRPO run from an ml-collections config (what `experiments.train_grpo` launches, and the
+demo twice): the workload, the optional speculative decoding and drafter, held-out evaluation,
+the trainer; returns the run's summary."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tlt_jax.rl.grpo import GRPOConfig
+from tlt_jax.rl.trainer import Trainer
+from tlt_jax.rl.update import OptimConfig
+from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.spec.strategy import spec_config_from_dict
+from tlt_jax.workloads import build_drafter, build_workload
+
+
+def build_trainer(c, progress: bool = True) -> Trainer:
+  spec = spec_config_from_dict(c.spec) if c.spec else None
+  drafter = None
+  if spec is not None and any(a.proposer == "eagle" for a in spec.arms):
+    drafter, _ = build_drafter(c, progress=progress)
+  w = build_workload(c, c.num_prompts, c.seed)
+  adaptive = None
+  if c.get("adaptive"):
+    if drafter is None:
+      raise ValueError("config.adaptive needs an EAGLE drafter: add an ('eagle', depth, 0) arm "
+                       "to config.spec.arms, or set config.adaptive = {}.")
+    from tlt_jax.drafter.adaptive import AdaptiveConfig
+    adaptive = AdaptiveConfig.from_dict(c.adaptive)
+  eval_prompts = eval_answers = None
+  if c.get("eval_every", 0):
+    held_out = build_workload(c, c.eval_prompts, c.seed + 7919)  # other problems than training
+    eval_prompts, eval_answers = held_out.prompts, held_out.answers
+  return Trainer(w, out_dir=c.out_dir, steps=c.steps, prompts_per_step=c.prompts_per_step,
+                 group_size=c.group_size, engine_cfg=EngineConfig.from_dict(c.engine),
+                 grpo=GRPOConfig(**c.grpo), optim=OptimConfig(**c.optim), seed=c.seed,
+                 spec=spec, drafter=drafter, checkpoint_every=c.checkpoint_every,
+                 micro_batches=c.micro_batches, mesh_shape=tuple(c.get("mesh", (1, 1))),
+                 eval_prompts=eval_prompts, eval_answers=eval_answers,
+                 eval_every=c.get("eval_every", 0), eval_group_size=c.get("eval_group_size", 4),
+                 adaptive=adaptive, export=c.get("export", False))
+
+
+def summarize(name: str, out_dir: str, history: list[dict]) -> dict:
+  """The last-line JSON of a run: rewards, held-out accuracy before/after, time split."""
+  if not history:
+    return {"name": name, "note": "already at the final step", "out_dir": out_dir}
+  rewards = [m["reward"] for m in history]
+  evals = [m["eval/accuracy"] for m in history if "eval/accuracy" in m]
+  out = {
+      "name": name, "steps": len(history), "first_step": history[0]["step"],
+      "reward_first": rewards[0], "reward_last": rewards[-1],
+      "reward_last5_mean": float(np.mean(rewards[-5:])),
+      "step_s_mean": float(np.mean([m["step_s"] for m in history])),
+      "rollout_share": float(np.mean([m["rollout_share"] for m in history])),
+      "accept_len": float(np.mean([m["accept_len"] for m in history])),
+      "out_dir": out_dir,
+  }
+  if evals:
+    out["eval_accuracy_first"] = evals[0]
+  if "final_eval/accuracy" in history[-1]:
+    out["eval_accuracy_final"] = history[-1]["final_eval/accuracy"]
+  return out
+
+
+def run_from_config(c, progress: bool = True) -> dict:
+  trainer = build_trainer(c, progress)
+  return summarize(c.name, c.out_dir, trainer.run(progress=progress))
+
+
+def run_pair(baseline_cfg, tlt_cfg, progress: bool = True) -> dict:
+  """Runs (or resumes, or finds finished) a baseline and a TLT run of the same steps and compares
+  them: held-out accuracy before/after, accepted length, speedups and the Amdahl bound."""
+  from tlt_jax.rl.compare import compare_runs, read_metrics
+  for c in (baseline_cfg, tlt_cfg):
+    print(f"[run] {c.name}: {c.steps} GRPO steps -> {c.out_dir}", flush=True)
+    run_from_config(c, progress)
+  out = compare_runs(baseline_cfg.out_dir, tlt_cfg.out_dir)
+  base = read_metrics(baseline_cfg.out_dir)
+  evals = [m["eval/accuracy"] for m in base if "eval/accuracy" in m]
+  out["reward_before"] = evals[0] if evals else base[0]["reward"]
+  out["reward_after"] = base[-1].get("final_eval/accuracy", base[-1]["reward"])
+  out["baseline_dir"], out["tlt_dir"] = baseline_cfg.out_dir, tlt_cfg.out_dir
+  return out
