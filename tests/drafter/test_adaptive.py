@@ -176,3 +176,46 @@ def test_spot_training_runs_only_on_idle_shards_and_publishes_to_every_shard():
   assert out["violations"] == [], out  # every spot step began after its device went idle
   assert out["published"] >= 1 and out["shards_identical"] is True
   assert out["rewards_equal_to_frozen"] is True  # coupled: the drafter changes speed only
+
+
+def test_a_tlt_run_exports_a_policy_and_drafter_that_generate_can_load(tmp_path):
+  from flax import nnx
+  from tests.rl.test_trainer import workload
+  from tlt_jax.drafter.adaptive import AdaptiveConfig
+  from tlt_jax.drafter.warmup import load_drafter
+  from tlt_jax.models.pretrained import load_pretrained
+  from tlt_jax.rl.grpo import GRPOConfig
+  from tlt_jax.rl.trainer import Trainer
+  from tlt_jax.rl.update import OptimConfig
+  from tlt_jax.tasks.tokenizer import CharTokenizer
+  w = workload()
+  w.tokenizer = CharTokenizer(w.model.cfg.vocab_size)
+  cfg = AdaptiveConfig(spot=SpotConfig(batch_rows=4, seq_len=16, budget_s=0.2, min_segments=4),
+                       publish=PublishConfig(depth=3, min_ratio=0.0, seq_len=16))
+  tr = Trainer(w, out_dir=str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
+               engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,)),
+               grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
+               spec=SpecConfig(threshold=16, arms=EAGLE, min_accept_len=0.0),
+               drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1), adaptive=cfg,
+               export=True, checkpoint_every=1)
+  hist = tr.run(progress=False)
+  assert hist[-1]["drafter/steps"] > 0 and tr.adaptive.publisher.version >= 1
+  assert hist[-1]["drafter_version"] == tr.engine.drafter_version
+  policy, tok = load_pretrained(str(tmp_path / "export" / "policy"))
+  assert isinstance(tok, CharTokenizer)
+  toks = jnp.asarray([[5, 6, 7, 8]])
+  np.testing.assert_allclose(policy(toks).logits_BxTxV, tr.updater.model()(toks).logits_BxTxV,
+                             atol=1e-5)
+  drafter, meta = load_drafter(str(tmp_path / "export" / "drafter"), policy)
+  assert meta["version"] == tr.adaptive.publisher.version
+  for a, b in zip(jax.tree.leaves(nnx.state(drafter, nnx.Param)), jax.tree.leaves(tr.adaptive.in_use)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # Resuming restores the drafter, its optimizer and the published version.
+  again = Trainer(w, out_dir=str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
+                  engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,)),
+                  grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
+                  spec=SpecConfig(threshold=16, arms=EAGLE, min_accept_len=0.0),
+                  drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1), adaptive=cfg,
+                  checkpoint_every=1)
+  assert again.restore() and again.engine.drafter_version == tr.engine.drafter_version
+  assert again.adaptive.spot.trainer.step_count == tr.adaptive.spot.trainer.step_count

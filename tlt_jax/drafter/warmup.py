@@ -100,7 +100,8 @@ def load_drafter(directory: str, target) -> tuple[Drafter, dict]:
   meta = ck.read_meta()
   dcfg = DrafterConfig(**{k: tuple(v) if isinstance(v, list) else v
                           for k, v in meta.get("drafter_config", {}).items()})
-  if meta.get("target_config") and meta["target_config"] != target.cfg.to_dict():
+  same = lambda d: {**d, "head_dim": d.get("head_dim") or d["d_model"] // d["n_heads"]}
+  if meta.get("target_config") and same(meta["target_config"]) != same(target.cfg.to_dict()):
     raise ValueError(f"The drafter in {directory} was made for another target "
                      f"({meta['target_config']}); warm up one for this policy.")
   abstract = nnx.eval_shape(lambda: init_drafter(target.cfg, dcfg))
