@@ -61,7 +61,10 @@ class Transformer(nnx.Module):
   def head(self, hidden_BxTxD: jax.Array) -> jax.Array:
     """LM head on post-norm hidden states; float32 logits."""
     if self.cfg.tie_embeddings:
-      return self.embed.attend(hidden_BxTxD).astype(jnp.float32)
+      # The table as the left operand: a row-major matrix-vector product, ~2x faster on CPU at
+      # small batch than `embed.attend` (hidden @ table.T).
+      table_VxD = self.embed.embedding[...].astype(hidden_BxTxD.dtype)
+      return jnp.einsum("vd,btd->btv", table_VxD, hidden_BxTxD).astype(jnp.float32)
     return self.lm_head(hidden_BxTxD).astype(jnp.float32)
 
   def __call__(self, tokens_BxT: jax.Array, cache: kvc.KVCache | None = None, *,
