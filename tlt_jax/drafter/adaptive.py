@@ -63,13 +63,14 @@ class AdaptiveDrafter:
     if len(self.engine.devices) > 1:
       self.spot.start(device)
 
-  def after_rollout(self, prompts, group_size: int, result, step: int, target_params) -> dict:
+  def after_rollout(self, prompts, group_size: int, result, step: int, policy_version: int,
+                    target_params) -> dict:
     t0 = time.perf_counter()
     self.spot.preempt()
     preempt_s = time.perf_counter() - t0
     budget_steps = self.spot.train_for(self.cfg.spot.budget_s)
     holdout = DataBuffer(dataclasses.replace(self.cfg.buffer, max_tokens=10 ** 9))
-    holdout.add_rollout(prompts, group_size, result, self.publisher.version, step)
+    holdout.add_rollout(prompts, group_size, result, policy_version, step)
     rows = holdout.segments()
     rng = np.random.default_rng([self.cfg.spot.seed, step])
     sample = [rows[i] for i in rng.choice(len(rows), min(self.cfg.holdout_rows, len(rows)),

@@ -25,7 +25,7 @@ import numpy as np
 class Segment:
   tokens_L: np.ndarray        # [L] int32: the last prompt token, then the response
   hidden_LxD: np.ndarray      # [L, D]: the target's final hidden state at each of those positions
-  version: int                # drafter-visible policy version (the RL step's weights)
+  version: int                # policy version: updates applied to the weights that sampled it
   step: int                   # RL step of the rollout
 
   @property

@@ -147,7 +147,8 @@ class Trainer:
     g = self.group_size
     drafter_metrics = {}
     if ad is not None:
-      drafter_metrics = ad.after_rollout(prompts, g, res, self.step, self._engine_state())
+      drafter_metrics = ad.after_rollout(prompts, g, res, self.step, self.updater.step_count,
+                                         self._engine_state())
     rewards = np.array([self.w.reward_fn(res.response(i), self.pool_answers[idx[i // g]])
                         for i in range(len(res.lengths))], np.float32)
     n = self.w.params.max_new_tokens
