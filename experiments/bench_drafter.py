@@ -9,17 +9,21 @@ that finish early. On this CPU the "devices" are fake and share two cores: the o
 measured, not assumed free.
 """
 
-import json
 import os
 
-import numpy as np
-from absl import app
-from ml_collections import config_flags
+# Two rollout shards need two devices; on CPU they are faked (set before jax is imported).
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
-from tlt_jax.drafter.bench import accept_len, hidden_state_error
-from tlt_jax.rl.run import build_trainer
-from tlt_jax.rollout.engine import EngineConfig
-from tlt_jax.workloads import build_drafter, build_workload
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+from absl import app  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from tlt_jax.drafter.bench import accept_len, hidden_state_error  # noqa: E402
+from tlt_jax.rl.run import build_trainer  # noqa: E402
+from tlt_jax.rollout.engine import EngineConfig  # noqa: E402
+from tlt_jax.workloads import build_drafter, build_workload  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_drafter.py")
 

@@ -5,17 +5,21 @@ short TLT run against a baseline of the same steps.
 Re-running it resumes or reuses the runs under `out_dir`. The last line printed is one JSON object.
 """
 
-import json
 import os
-import time
 
-from absl import app
-from ml_collections import config_flags
+# Two rollout shards need two devices; on CPU they are faked (set before jax is imported).
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
-from tlt_jax import sft
-from tlt_jax.evaluation import evaluate_task
-from tlt_jax.rl.run import run_pair
-from tlt_jax.tasks.arithmetic import TaskConfig
+import json  # noqa: E402
+import time  # noqa: E402
+
+from absl import app  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from tlt_jax import sft  # noqa: E402
+from tlt_jax.evaluation import evaluate_task  # noqa: E402
+from tlt_jax.rl.run import run_pair  # noqa: E402
+from tlt_jax.tasks.arithmetic import TaskConfig  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/demo.py")
 

@@ -1,6 +1,7 @@
 """The demo: warm start the `tiny` policy on the built-in task, check the task's properties, then
-a short TLT run (GRPO with speculative decoding and the warm-up drafter) against a baseline run of
-the same steps.
+a short TLT run (GRPO with speculative decoding and the adaptive drafter, which trains on the
+rollout shard that finishes first) against a baseline run of the same steps. Both runs split the
+rollout over 2 shards (2 fake CPU devices, which the demo asks for when XLA_FLAGS is unset).
 
 Run:
   make demo            # = python -m experiments.demo --config=experiments/configs/demo.py
@@ -26,6 +27,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.tlt = tiny_tlt.get_config(small)
   for name in ("baseline", "tlt"):  # sft, out_dir and cache_dir follow c's (set by the demo)
     run = c[name]
+    run.engine.num_shards = 2
     if not small:
       run.steps = run.optim.total_steps = 10
       run.eval_every = 10            # held-out accuracy before the first step and after the last

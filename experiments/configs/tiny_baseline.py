@@ -21,7 +21,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.group_size = 8
   c.temperature = 1.0
   c.grpo = ml_collections.ConfigDict(dict(clip_low=0.2, clip_high=0.28, kl_coef=0.0,
-                                          normalize_std=True, aggregation="token",
+                                          normalize_std=True, aggregation="sequence",
                                           max_len_norm=0))
   c.optim = ml_collections.ConfigDict(dict(lr=2e-4, warmup_steps=2, total_steps=20,
                                            end_lr_fraction=0.1, weight_decay=0.0, clip=1.0,

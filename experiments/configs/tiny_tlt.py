@@ -1,9 +1,10 @@
 """The same GRPO run as tiny_baseline, with speculative decoding in the rollout (`coupled` rule:
 the same run, token for token) and the warmed-up EAGLE drafter, which keeps adapting to the
-policy (spot training from captured hidden states, checked publishing). With one device the
-drafter trains `adaptive.spot.budget_s` seconds per RL step between the rollout and the update;
-with several rollout shards it also trains on the shards that finish early. The final policy and
-drafter are exported to `out_dir/export`.
+policy (spot training from captured hidden states, checked publishing) on rollout shards that
+finish early (`engine.num_shards` > 1; on CPU with fake devices). With one device there is no idle
+window: set `adaptive.spot.budget_s` > 0 to train that many seconds per RL step between the
+rollout and the update, at that cost in wall time. The final policy and drafter are exported to
+`out_dir/export`.
 
 Run:
   python -m experiments.train_grpo --config=experiments/configs/tiny_tlt.py
@@ -27,7 +28,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.adaptive = ml_collections.ConfigDict(dict(
       train=dict(lr=1e-3, warmup_steps=5, weight_decay=1e-2, clip=1.0),
       buffer=dict(max_tokens=200_000, length_power=1.0, half_life=4.0, min_length=2),
-      spot=dict(batch_rows=16, seq_len=128, budget_s=1.0, max_steps_per_window=0,
+      spot=dict(batch_rows=16, seq_len=128, budget_s=0.0, max_steps_per_window=0,
                 min_segments=16, seed=0),
       publish=dict(depth=4, min_ratio=0.8, seq_len=128),
       holdout_rows=16))

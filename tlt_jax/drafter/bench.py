@@ -12,7 +12,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig, Strategy
