@@ -26,6 +26,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.drift = "12 GRPO steps at lr 1e-3 (5x tiny_baseline's) from the warm start"
   c.warmup.steps = 150         # the demo's warm-up drafter (cached)
   c.engine.num_shards = 2
+  c.adaptive.spot.budget_s = 1.0  # plus 1 s of one-device training per RL step (as measured)
   c.eval_every = 0
   c.checkpoint_every = 0
   c.eval_prompts = 32          # held-out prompts on which accepted lengths are measured
