@@ -3,7 +3,8 @@ object listing the points and their final figures.
 
   python -m experiments.sweep --config=experiments/configs/tiny_seeds.py
 Re-running the same command resumes: finished points are skipped, a killed one resumes from its
-latest checkpoint. Points run one after the other, each in its own process.
+latest checkpoint. Points run one after the other, each in its own process; other `--config.*`
+overrides apply to every point.
 """
 
 import json
@@ -26,12 +27,13 @@ def main(argv):
   c = _CONFIG.value
   points = grid_points(dict(c.get("sweep", {})))
   config_arg = next(a for a in sys.argv if a.startswith("--config="))
+  overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]  # apply to every point
   results = []
   for i, point in enumerate(points):
     run_dir = os.path.join(c.out_dir, point_name(point))
     print(f"[sweep] point {i + 1}/{len(points)}: {point} -> {run_dir}", flush=True)
-    proc = subprocess.run([sys.executable, "-m", _MODULE.value,
-                           *point_args(config_arg, point, c.out_dir)])
+    args = point_args(config_arg, point, c.out_dir)
+    proc = subprocess.run([sys.executable, "-m", _MODULE.value, args[0], *overrides, *args[1:]])
     if proc.returncode != 0:
       raise SystemExit(f"[sweep] point {point} failed (exit {proc.returncode}); fix it and re-run "
                        "the same command to resume the sweep.")

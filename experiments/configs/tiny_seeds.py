@@ -17,6 +17,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant == "tlt_rejection":
     c = tiny_tlt.get_config()
     c.spec.rule = "rejection"
+    c.warmup.steps = 150  # the demo's warm-up drafter
   else:
     c = tiny_baseline.get_config("small" if variant == "small" else "")
   c.name = f"tiny_seeds_{variant or 'baseline'}"

@@ -54,12 +54,10 @@ class AdaptiveDrafter:
     self.publisher = DrafterPublisher(engine, cfg.publish, pad_id)
     self.in_use = self.spot.trainer.params      # the published version's parameters
     self._log_mark = 0
-    self._windows: list[tuple[int, float]] = []  # (device id, idle since) this rollout
 
   # ---------------------------------------------------------------- the loop's hooks
 
   def on_shard_idle(self, shard: int, device) -> None:
-    self._windows.append((device.id, time.perf_counter()))
     if len(self.engine.devices) > 1:
       self.spot.start(device)
 
@@ -88,20 +86,21 @@ class AdaptiveDrafter:
                                result.timeline.shard_end))
     idle_used = float(sum(r.end - r.start for r in steps if r.start < t0))
     self._log_mark = len(self.spot.log)
-    self._windows = []
-    last = self.publisher.events[-1] if steps and sample else {}
-    return {
+    out = {
         "drafter/steps": len(steps), "drafter/budget_steps": budget_steps,
-        "drafter/loss": float(np.mean([r.loss for r in steps])) if steps else float("nan"),
-        "drafter/top1": float(np.mean([r.top1 for r in steps])) if steps else float("nan"),
-        "drafter/published": bool(published),
-        "drafter/holdout_accept_len": last.get("accept_len", float("nan")),
-        "drafter/in_use_accept_len": last.get("in_use_accept_len", float("nan")),
-        "drafter/buffer_tokens": self.buffer.tokens,
+        "drafter/published": bool(published), "drafter/buffer_tokens": self.buffer.tokens,
         "drafter_s": round(time.perf_counter() - t0, 4), "drafter_preempt_s": round(preempt_s, 4),
         "idle_device_s": round(idle_available, 4),
         "idle_used_s": round(min(idle_used, idle_available), 4),
     }
+    if steps:  # figures of this step's training and candidate (absent when it did not train)
+      out["drafter/loss"] = float(np.mean([r.loss for r in steps]))
+      out["drafter/top1"] = float(np.mean([r.top1 for r in steps]))
+      if sample:
+        last = self.publisher.events[-1]
+        out["drafter/holdout_accept_len"] = last.get("accept_len", 0.0)
+        out["drafter/in_use_accept_len"] = last.get("in_use_accept_len", 0.0)
+    return out
 
   def after_update(self, target_params) -> None:
     self.spot.trainer.set_target(target_params)
