@@ -71,16 +71,21 @@ class PolicyUpdater:
     self.opt_state = jax.jit(self.opt.init, out_shardings=self.opt_sharding)(self.params)
     self.step_count = 0
     self._update = self._build_update()
-    self._logprobs = jax.jit(self._logprobs_fn)
+    self._logprobs = jax.jit(self._logprobs_fn, static_argnames="n")  # compiled once per shape
 
-  def _logprobs_fn(self, params, tokens_RxL, prompt_len_R, n: int = 0):
+  def _logprobs_fn(self, params, tokens_RxL, prompt_len_R, n: int):
     model = nnx.merge(self.graphdef, params)
-    return token_logprobs(model, tokens_RxL, prompt_len_R, n, self.sampling)
+    r, micro = tokens_RxL.shape[0], self.micro
+    if micro == 1 or r % micro:
+      return token_logprobs(model, tokens_RxL, prompt_len_R, n, self.sampling)
+    chunks = (tokens_RxL.reshape(micro, r // micro, -1), prompt_len_R.reshape(micro, r // micro))
+    lp, ent = jax.lax.map(lambda c: token_logprobs(model, c[0], c[1], n, self.sampling), chunks)
+    return lp.reshape(r, n), ent.reshape(r, n)
 
   def logprobs(self, tokens_RxL, prompt_len_R, n: int):
-    """Log-probs (and entropies) of the responses under the current policy."""
-    fn = jax.jit(lambda p, t, l: self._logprobs_fn(p, t, l, n))
-    return fn(self.params, tokens_RxL, prompt_len_R)
+    """Log-probs (and entropies) of the responses under the current policy, computed
+    `micro_batches` rows at a time (the memory of one micro-batch, as in the update)."""
+    return self._logprobs(self.params, tokens_RxL, prompt_len_R, n=n)
 
   def _build_update(self):
     graphdef, cfg, sampling, micro, opt = self.graphdef, self.grpo, self.sampling, self.micro, \
