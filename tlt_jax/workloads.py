@@ -18,33 +18,50 @@ class Workload:
   model: object
   tokenizer: object
   prompts: list[list[int]]
-  answers: list
+  answers: list      # what reward_fn scores against (tiny: the Problem; smollm2: the answer)
   params: SamplingParams
-  reward_fn: object  # (response ids, answer) -> float
+  reward_fn: object  # (response ids, answer) -> float; 1.0 exactly when the answer is correct
 
 
-def build_workload(c: ml_collections.ConfigDict, num_prompts: int, seed: int) -> Workload:
-  """Model, tokenised prompts, answers, sampling params and reward for `c.model`."""
+def build_workload(c: ml_collections.ConfigDict, num_prompts: int, seed: int,
+                   difficulty: dict | None = None) -> Workload:
+  """Model, tokenised prompts, answers, sampling params and reward for `c.model`.
+
+  `difficulty` overrides fields of the task's problem generator (`tiny`: `TaskConfig`, e.g.
+  `min_steps`/`max_steps`; `smollm2`: `WordProblemConfig`) for these prompts only, e.g. an RL
+  prompt pool focused where groups get mixed rewards; lengths and sampling stay the task's own.
+  """
+  difficulty = dict(difficulty or {})
   if c.model == "tiny":
     from tlt_jax import sft
     model, _ = sft.warm_start(c.sft)
     tok = CharTokenizer(model.cfg.vocab_size)
     task = arithmetic.TaskConfig.from_dict(c.sft.task)
-    problems = arithmetic.make_problems(num_prompts, task, seed=seed)
     _, max_new = task_lengths(task)
+    problems = arithmetic.make_problems(num_prompts, narrowed(task, difficulty), seed=seed)
     prompts = [arithmetic.encode_prompt(tok, p) for p in problems]
-    answers = [p.answer for p in problems]
-    reward = lambda ids, ans: arithmetic.reward(tok.decode(ids), ans)
+    answers = problems
+    kind = c.get("reward", "answer")
+    if kind == "answer":
+      reward = lambda ids, p: arithmetic.reward(tok.decode(ids), p.answer)
+    elif kind == "progress":
+      reward = lambda ids, p: arithmetic.progress_reward(tok.decode(ids), p)
+    else:
+      raise ValueError(f"config.reward must be 'answer' or 'progress', got {kind!r}.")
   elif c.model == "smollm2":
     from tlt_jax.models.pretrained import load_pretrained
     from tlt_jax.tasks.math_answers import verify
     from tlt_jax.tasks.math_data import chat_prompt
     from tlt_jax.tasks.word_problems import WordProblemConfig, make_word_problems
     model, tok = load_pretrained("smollm2")
-    problems = make_word_problems(num_prompts, WordProblemConfig(**c.word_problems), seed)
+    problems = make_word_problems(
+        num_prompts, narrowed(WordProblemConfig(**c.word_problems), difficulty), seed)
     prompts = [tok.encode(chat_prompt(tok, p.question, c.instruction)) for p in problems]
     answers = [p.answer for p in problems]
     max_new = c.max_new_tokens
+    if c.get("reward", "answer") != "answer":
+      raise ValueError(f"config.reward={c.reward!r}: the word problems have only the 'answer' "
+                       "reward.")
     reward = lambda ids, ans: verify(tok.decode(ids), ans)
   else:
     raise ValueError(f"Unknown workload model {c.model!r}; use 'tiny' or 'smollm2'.")
@@ -54,6 +71,24 @@ def build_workload(c: ml_collections.ConfigDict, num_prompts: int, seed: int) ->
                           top_p=c.get("top_p", 1.0), max_new_tokens=max_new,
                           stop_tokens=(tok.eos_id,))
   return Workload(model, tok, prompts, answers, params, reward)
+
+
+def narrowed(task, difficulty: dict):
+  """`task` (a problem-generator config) with the fields in `difficulty` replaced: the RL prompt
+  pool's mix. An unknown field is an error, and so is a `tiny` mix with longer problems than the
+  task's (its prompt and response lengths were sized for the task)."""
+  fields = dataclasses.asdict(task)
+  unknown = sorted(set(difficulty) - set(fields))
+  if unknown:
+    raise ValueError(f"Unknown difficulty field(s) {unknown} for {type(task).__name__}; "
+                     f"known: {sorted(fields)}.")
+  mix = dataclasses.replace(task, **difficulty)
+  if isinstance(task, arithmetic.TaskConfig) and (
+      mix.max_prompt_chars() > task.max_prompt_chars()
+      or mix.max_solution_chars() > task.max_solution_chars()):
+    raise ValueError(f"The difficulty {difficulty} makes longer problems than the task {task}; "
+                     "it may only narrow the mix (e.g. fewer max_steps).")
+  return mix
 
 
 def build_drafter(c: ml_collections.ConfigDict, progress: bool = True):

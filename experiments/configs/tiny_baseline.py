@@ -16,6 +16,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.name = "tiny_baseline"
   c.out_dir = "runs/tiny_baseline"
   c.num_prompts = 512          # the training prompt pool
+  # The pool's difficulty mix (fields of the task config; held-out evaluation keeps the task's).
+  c.train_difficulty = ml_collections.ConfigDict(dict(min_steps=1, max_steps=16))
+  c.reward = "answer"          # answer | progress (partial credit for the steps before an error)
   c.steps = 20
   c.prompts_per_step = 16
   c.group_size = 8

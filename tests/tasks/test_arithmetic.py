@@ -50,3 +50,31 @@ def test_solution_lengths_are_long_tailed():
 def test_bad_task_config_is_a_clear_error():
   with pytest.raises(ValueError, match="min_steps <= max_steps"):
     arithmetic.TaskConfig(min_steps=5, max_steps=2)
+
+
+def test_the_rl_pool_may_narrow_the_difficulty_mix_but_not_lengthen_it():
+  from tlt_jax.tasks.word_problems import WordProblemConfig
+  from tlt_jax.workloads import narrowed
+  task = arithmetic.TaskConfig()
+  mix = narrowed(task, {"min_steps": 2, "max_steps": 4})
+  steps = {p.steps for p in arithmetic.make_problems(300, mix, seed=0)}
+  assert steps == {2, 3, 4} and mix.alpha == task.alpha
+  assert narrowed(task, {}) == task
+  with pytest.raises(ValueError, match="Unknown difficulty field.*max_step"):
+    narrowed(task, {"max_step": 4})
+  with pytest.raises(ValueError, match="longer problems"):
+    narrowed(arithmetic.TaskConfig(max_steps=4), {"max_steps": 8})
+  assert narrowed(WordProblemConfig(), {"max_steps": 1}).max_steps == 1
+
+
+def test_progress_reward_credits_the_steps_before_the_first_error():
+  p = arithmetic.Problem("7-4+1+6=", "7-4=3;3+1=4;4+6=10;#10", 10, 3)
+  assert arithmetic.progress_reward(p.solution, p) == 1.0
+  assert arithmetic.progress_reward("7-4=3;3+1=4;4+6=11;#11", p) == pytest.approx(0.5 * 2 / 3)
+  assert arithmetic.progress_reward("7-4=3;3+2=5;5+6=11;#11", p) == pytest.approx(0.5 * 1 / 3)
+  assert arithmetic.progress_reward("7-0=7;7+1=8;8+6=14;#14", p) == 0.0
+  # Every step right but a miswritten answer is still not a correct answer.
+  assert arithmetic.progress_reward("7-4=3;3+1=4;4+6=10;#11", p) == pytest.approx(0.5)
+  assert arithmetic.progress_reward("#10", p) == 1.0  # the answer is what is graded
+  for q in arithmetic.make_problems(100, arithmetic.TaskConfig(), seed=3):
+    assert arithmetic.progress_reward(q.solution, q) == 1.0

@@ -19,7 +19,7 @@ def build_trainer(c, progress: bool = True) -> Trainer:
   drafter = None
   if spec is not None and any(a.proposer == "eagle" for a in spec.arms):
     drafter, _ = build_drafter(c, progress=progress)
-  w = build_workload(c, c.num_prompts, c.seed)
+  w = build_workload(c, c.num_prompts, c.seed, c.get("train_difficulty"))
   adaptive = None
   if c.get("adaptive"):
     if drafter is None:

@@ -88,6 +88,23 @@ def reward(response: str, answer: int) -> float:
   return 1.0 if int(m.group(2)) == answer else 0.0
 
 
+def progress_reward(response: str, problem: Problem) -> float:
+  """A denser reward for RL: 1.0 for a correct answer (as `reward`), else half the fraction of the
+  reference scratchpad's steps that the response got right before its first wrong step. Samples
+  of one prompt that fail at different steps then get different rewards, which tells the policy
+  where its chains break; only a correct answer scores 1.0, so accuracy is `reward == 1`."""
+  if reward(response, problem.answer) == 1.0:
+    return 1.0
+  want = problem.solution.split("#")[0].split(";")[:-1]
+  got = response.split("#")[0].split(";")
+  right = 0
+  for w, g in zip(want, got):
+    if w != g:
+      break
+    right += 1
+  return 0.5 * right / len(want)
+
+
 def encode_prompt(tok: CharTokenizer, problem: Problem) -> list[int]:
   return [tok.bos_id] + tok.encode(problem.prompt)
 
