@@ -9,7 +9,7 @@ from tests.conftest import run_on_fake_devices, small_config
 from tlt_jax.models import init_model
 from tlt_jax.models.sharding import make_mesh
 from tlt_jax.rl.grpo import GRPOConfig, group_advantages, grpo_loss, token_logprobs
-from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater
+from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater, length_groups
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.sampling import SamplingParams
 
@@ -91,11 +91,36 @@ def test_micro_batch_accumulation_equals_the_full_batch():
     np.testing.assert_allclose(x, y, atol=1e-5)
   # The old-log-prob recomputation goes micro-batch by micro-batch too, to the same values.
   batch = make_batch()
-  lpa, enta = a.logprobs(batch.tokens_RxL, batch.prompt_len_R, 10)
+  lpa, enta = a.logprobs(batch.tokens_RxL, batch.prompt_len_R, batch.mask_RxN)
   b.params = a.params
-  lpb, entb = b.logprobs(batch.tokens_RxL, batch.prompt_len_R, 10)
-  np.testing.assert_allclose(lpa, lpb, atol=1e-5)
-  np.testing.assert_allclose(enta, entb, atol=1e-5)
+  lpb, entb = b.logprobs(batch.tokens_RxL, batch.prompt_len_R, batch.mask_RxN)
+  m = np.asarray(batch.mask_RxN) > 0  # each group stops at its own width: compare real tokens
+  np.testing.assert_allclose(lpa[m], lpb[m], atol=1e-5)
+  np.testing.assert_allclose(enta[m], entb[m], atol=1e-5)
+
+
+@pytest.mark.parametrize("aggregation,max_len_norm", [("token", 0), ("token", 16)])
+def test_length_sorted_micro_batches_equal_the_full_batch_for_token_aggregation(
+    aggregation, max_len_norm):
+  """Token means and constant-normalised sums are exact too: each group's loss is weighted by
+  its share of the batch's tokens (or 1), whatever lengths the sort puts together."""
+  cfg = GRPOConfig(aggregation=aggregation, max_len_norm=max_len_norm)
+  ups = [PolicyUpdater(init_model(small_config(), seed=0), make_mesh(1, 1), cfg,
+                       OptimConfig(lr=1e-2, warmup_steps=0), SamplingParams(), micro_batches=k)
+         for k in (1, 4)]
+  ma, mb = (u.update(make_batch(seed=1)) for u in ups)
+  np.testing.assert_allclose(ma["grad_norm"], mb["grad_norm"], rtol=1e-5)
+  np.testing.assert_allclose(ma["loss"], mb["loss"], rtol=1e-5, atol=1e-7)
+
+
+def test_length_groups_sort_rows_and_trim_each_group_to_a_power_of_two():
+  lengths = np.array([3, 40, 9, 1, 17, 2, 64, 5])
+  mask = (np.arange(64)[None] < lengths[:, None]).astype(np.float32)
+  groups = length_groups(mask, 4)
+  assert [sorted(lengths[idx].tolist()) for idx, _ in groups] == [[1, 2], [3, 5], [9, 17], [40, 64]]
+  assert [w for _, w in groups] == [8, 8, 32, 64]
+  assert sorted(np.concatenate([idx for idx, _ in groups]).tolist()) == list(range(8))
+  assert length_groups(mask[:, :48] * 0 + 1, 2)[0][1] == 48  # capped at N
 
 
 def nnx_state(model):

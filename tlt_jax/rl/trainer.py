@@ -155,11 +155,10 @@ class Trainer:
     toks, plen, mask = pack_rows([prompts[i // g] for i in range(len(rewards))],
                                  [res.response(i) for i in range(len(rewards))],
                                  self.prompt_bucket, n, self.w.tokenizer.pad_id)
-    old_logp, _ = self.updater.logprobs(jnp.asarray(toks), jnp.asarray(plen), n)
-    mismatch = float(np.max(np.abs(np.asarray(old_logp) - res.logprobs) * mask))
+    old_logp, _ = self.updater.logprobs(toks, plen, mask)
+    mismatch = float(np.max(np.abs(old_logp - res.logprobs) * mask))
     adv = group_advantages(jnp.asarray(rewards), g, self.updater.grpo.normalize_std)
-    batch = PolicyBatch(jnp.asarray(toks), jnp.asarray(plen), jnp.asarray(mask), adv, old_logp,
-                        jnp.zeros_like(old_logp))
+    batch = PolicyBatch(toks, plen, mask, np.asarray(adv), old_logp, np.zeros_like(old_logp))
     t1 = time.perf_counter()
     metrics = self.updater.update(batch)
     new_state = self._engine_state()

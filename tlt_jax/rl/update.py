@@ -1,9 +1,9 @@
 """The sharded GRPO policy update on a `(data, fsdp)` mesh.
 
-Parameters and optimizer state are laid out by the model's FSDP specs; the batch is split over
-both mesh axes; gradients are accumulated over micro-batches inside one jitted step (a
-`lax.scan`), so memory is bounded by one micro-batch. The same code runs on 1 device and on a
-faked multi-device CPU mesh.
+Parameters and optimizer state are laid out by the model's FSDP specs; each micro-batch's rows
+are split over both mesh axes; gradients are accumulated over length-sorted micro-batches, each
+trimmed to its own response width, so memory is bounded by one micro-batch and padding costs
+little. The same code runs on 1 device and on a faked multi-device CPU mesh.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -55,10 +56,19 @@ class PolicyBatch:
 
 
 class PolicyUpdater:
-  """Holds the sharded policy parameters and optimizer state; `update(batch)` is one step."""
+  """Holds the sharded policy parameters and optimizer state; `update(batch)` is one step.
+
+  A step's rows are sorted by response length and cut into `micro_batches` equal groups; each
+  group is trimmed to the smallest power-of-two response width that holds its longest response
+  (`length_groups`), so short responses do not pay for the longest one's padding. Gradients are
+  accumulated group by group (one compiled function per width) with weights that make the sum
+  equal the full batch's loss for every aggregation mode, then one optimizer step is applied.
+  """
 
   def __init__(self, model, mesh, grpo: GRPOConfig, optim: OptimConfig, params: SamplingParams,
                micro_batches: int = 1):
+    if micro_batches < 1:
+      raise ValueError(f"micro_batches must be >= 1, got {micro_batches}.")
     self.mesh, self.grpo, self.sampling, self.micro = mesh, grpo, params, micro_batches
     self.graphdef, state = nnx.split(model, nnx.Param)
     self.param_sharding = param_shardings(state, mesh)
@@ -70,67 +80,90 @@ class PolicyUpdater:
         param_shardings(x, mesh), opt_shape)
     self.opt_state = jax.jit(self.opt.init, out_shardings=self.opt_sharding)(self.params)
     self.step_count = 0
-    self._update = self._build_update()
-    self._logprobs = jax.jit(self._logprobs_fn, static_argnames="n")  # compiled once per shape
+    rows2, rows1 = batch_sharding(mesh, 2), batch_sharding(mesh, 1)
+    self._row_shardings = PolicyBatch(rows2, rows1, rows2, rows1, rows2, rows2)
+    self._grad = jax.jit(self._grad_fn, donate_argnums=1,
+                         in_shardings=(self.param_sharding, self.param_sharding,
+                                       self._row_shardings, None),
+                         out_shardings=(self.param_sharding, None))
+    self._apply = jax.jit(self._apply_fn,
+                          in_shardings=(self.param_sharding, self.opt_sharding,
+                                        self.param_sharding),
+                          out_shardings=(self.param_sharding, self.opt_sharding, None))
+    self._logprobs = jax.jit(self._logprobs_fn, static_argnames="n")  # compiled once per width
 
   def _logprobs_fn(self, params, tokens_RxL, prompt_len_R, n: int):
-    model = nnx.merge(self.graphdef, params)
-    r, micro = tokens_RxL.shape[0], self.micro
-    if micro == 1 or r % micro:
-      return token_logprobs(model, tokens_RxL, prompt_len_R, n, self.sampling)
-    chunks = (tokens_RxL.reshape(micro, r // micro, -1), prompt_len_R.reshape(micro, r // micro))
-    lp, ent = jax.lax.map(lambda c: token_logprobs(model, c[0], c[1], n, self.sampling), chunks)
-    return lp.reshape(r, n), ent.reshape(r, n)
+    return token_logprobs(nnx.merge(self.graphdef, params), tokens_RxL, prompt_len_R, n,
+                          self.sampling)
 
-  def logprobs(self, tokens_RxL, prompt_len_R, n: int):
-    """Log-probs (and entropies) of the responses under the current policy, computed
-    `micro_batches` rows at a time (the memory of one micro-batch, as in the update)."""
-    return self._logprobs(self.params, tokens_RxL, prompt_len_R, n=n)
+  def _grad_fn(self, params, grads_acc, mb: PolicyBatch, weight):
+    """`grads_acc` plus `weight` x the gradient of one group's loss; the weighted metrics."""
 
-  def _build_update(self):
-    graphdef, cfg, sampling, micro, opt = self.graphdef, self.grpo, self.sampling, self.micro, \
-        self.opt
+    def loss_fn(p):
+      model = nnx.merge(self.graphdef, p)
+      logp, ent = token_logprobs(model, mb.tokens_RxL, mb.prompt_len_R, mb.mask_RxN.shape[1],
+                                 self.sampling)
+      return grpo_loss(logp, mb.old_logp_RxN, mb.adv_R, mb.mask_RxN, self.grpo,
+                       mb.ref_logp_RxN, ent)
 
-    def loss_fn(params, mb: PolicyBatch):
-      model = nnx.merge(graphdef, params)
-      n = mb.mask_RxN.shape[1]
-      logp, ent = token_logprobs(model, mb.tokens_RxL, mb.prompt_len_R, n, sampling)
-      return grpo_loss(logp, mb.old_logp_RxN, mb.adv_R, mb.mask_RxN, cfg, mb.ref_logp_RxN, ent)
+    (_, metrics), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    grads_acc = jax.tree.map(lambda a, b: a + weight * b, grads_acc, g)
+    return grads_acc, jax.tree.map(lambda m: weight * m, metrics)
 
-    def update(params, opt_state, batch: PolicyBatch):
-      split = jax.tree.map(lambda x: x.reshape(micro, x.shape[0] // micro, *x.shape[1:]), batch)
+  def _apply_fn(self, params, opt_state, grads):
+    updates, opt_state = self.opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, optax.global_norm(grads)
 
-      def accumulate(carry, mb):
-        grads, metrics = carry
-        (_, m), g = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
-        return (jax.tree.map(jnp.add, grads, g),
-                jax.tree.map(jnp.add, metrics, m)), None
-
-      zeros = jax.tree.map(jnp.zeros_like, params)
-      m0 = jax.eval_shape(lambda: loss_fn(params, jax.tree.map(lambda x: x[0], split))[1])
-      m0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), m0)
-      (grads, metrics), _ = jax.lax.scan(accumulate, (zeros, m0), split)
-      grads = jax.tree.map(lambda g: g / micro, grads)
-      metrics = jax.tree.map(lambda m: m / micro, metrics)
-      metrics["grad_norm"] = optax.global_norm(grads)
-      updates, opt_state = opt.update(grads, opt_state, params)
-      return optax.apply_updates(params, updates), opt_state, metrics
-
-    batch_sh = lambda ndim: batch_sharding(self.mesh, ndim)
-    batch_shardings = PolicyBatch(batch_sh(2), batch_sh(1), batch_sh(2), batch_sh(1), batch_sh(2),
-                                  batch_sh(2))
-    return jax.jit(update, in_shardings=(self.param_sharding, self.opt_sharding, batch_shardings),
-                   out_shardings=(self.param_sharding, self.opt_sharding, None))
-
-  def update(self, batch: PolicyBatch) -> dict:
-    rows = batch.tokens_RxL.shape[0]
+  def _groups(self, mask_RxN: np.ndarray):
     devices = self.mesh.devices.size
+    rows = mask_RxN.shape[0]
     if rows % (self.micro * devices):
       raise ValueError(f"{rows} rows do not split into {self.micro} micro-batches over "
                        f"{devices} devices; use a multiple of {self.micro * devices}.")
-    params, opt_state, metrics = self._update(self.params, self.opt_state, batch)
+    return length_groups(mask_RxN, self.micro)
+
+  def _put(self, arrays: PolicyBatch) -> PolicyBatch:
+    return jax.device_put(arrays, self._row_shardings)
+
+  def logprobs(self, tokens_RxL, prompt_len_R, mask_RxN) -> tuple[np.ndarray, np.ndarray]:
+    """Log-probs and entropies `[R, N]` of the responses (`mask_RxN` marks their tokens) under
+    the current policy, computed group by group as in the update (zeros past each group's
+    width, where the mask is zero too)."""
+    tokens, plen, mask = (np.asarray(x) for x in (tokens_RxL, prompt_len_R, mask_RxN))
+    n = mask.shape[1]
+    prompt_width = tokens.shape[1] - n
+    lp, ent = np.zeros(mask.shape, np.float32), np.zeros(mask.shape, np.float32)
+    rows2, rows1 = self._row_shardings.tokens_RxL, self._row_shardings.prompt_len_R
+    for idx, w in self._groups(mask):
+      out = self._logprobs(self.params, jax.device_put(tokens[idx, : prompt_width + w], rows2),
+                           jax.device_put(plen[idx], rows1), n=w)
+      lp[idx, :w], ent[idx, :w] = (np.asarray(x) for x in out)
+    return lp, ent
+
+  def update(self, batch: PolicyBatch) -> dict:
+    b = jax.tree.map(np.asarray, batch)
+    n = b.mask_RxN.shape[1]
+    prompt_width = b.tokens_RxL.shape[1] - n
+    groups = self._groups(b.mask_RxN)
+    rows, tokens = b.mask_RxN.shape[0], max(float(b.mask_RxN.sum()), 1.0)
+    grads = jax.tree.map(jnp.zeros_like, self.params)
+    metrics = None
+    for idx, w in groups:
+      mb = PolicyBatch(b.tokens_RxL[idx, : prompt_width + w], b.prompt_len_R[idx],
+                       b.mask_RxN[idx, :w], b.adv_R[idx], b.old_logp_RxN[idx, :w],
+                       b.ref_logp_RxN[idx, :w])
+      if self.grpo.aggregation == "sequence":
+        weight = len(idx) / rows            # the mean over rows
+      elif self.grpo.max_len_norm:
+        weight = 1.0                        # a sum over tokens / a constant
+      else:
+        weight = max(float(mb.mask_RxN.sum()), 1.0) / tokens  # the mean over all tokens
+      grads, m = self._grad(self.params, grads, self._put(mb), jnp.float32(weight))
+      metrics = m if metrics is None else jax.tree.map(jnp.add, metrics, m)
+    params, opt_state, grad_norm = self._apply(self.params, self.opt_state, grads)
     metrics = {k: float(v) for k, v in metrics.items()}
-    bad = {k: v for k, v in metrics.items() if not jnp.isfinite(v)}
+    metrics["grad_norm"] = float(grad_norm)
+    bad = {k: v for k, v in metrics.items() if not np.isfinite(v)}
     if bad:  # the previous parameters are kept (not donated): nothing good is lost
       raise FloatingPointError(
           f"GRPO update {self.step_count + 1} produced non-finite {bad}; it was not applied. "
@@ -141,3 +174,18 @@ class PolicyUpdater:
 
   def model(self):
     return nnx.merge(self.graphdef, self.params)
+
+
+def length_groups(mask_RxN: np.ndarray, groups: int, min_width: int = 8):
+  """Row indices sorted by response length and cut into `groups` equal parts, each with the
+  smallest power-of-two response width (at least `min_width`, at most `N`) that holds its
+  longest response: `[(rows, width), ...]`. Powers of two bound the compiled widths to log2(N)."""
+  n = mask_RxN.shape[1]
+  lengths = mask_RxN.sum(axis=1).astype(np.int64)
+  order = np.argsort(lengths, kind="stable")
+  out = []
+  for idx in np.split(order, groups):
+    longest = int(lengths[idx].max()) if len(idx) else 0
+    width = max(min_width, 1 << max(longest - 1, 0).bit_length())
+    out.append((np.sort(idx), min(width, n)))
+  return out
