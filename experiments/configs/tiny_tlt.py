@@ -19,8 +19,8 @@ from experiments.configs import tiny_baseline
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c = tiny_baseline.get_config(variant)
-  c.name = "tiny_tlt"
-  c.out_dir = "runs/tiny_tlt"
+  c.name = "tiny_tlt" if variant != "long" else "tiny_tlt_long"
+  c.out_dir = f"runs/{c.name}"
   c.spec = ml_collections.ConfigDict(dict(
       threshold=8 if variant != "small" else 16, rule="coupled", epsilon=0.1, window=300,
       min_accept_len=1.05, health_window=64, seed=0,

@@ -49,6 +49,24 @@ def test_greedy_equals_plain_full_batch_decode(model, buckets, k):
   assert res.stop_reasons == ["stop" if s else "length" for s in ref.stopped]
 
 
+def test_the_samples_of_a_prompt_share_one_prefill(model):
+  """G samples of a prompt are prefilled once (u = 2 rows for b = 8) and their cache rows copied:
+  greedy output still equals the plain decode, and sampled output the unshared engine's."""
+  prompts, g = _prompts(2, seed=3), 4
+  greedy = SamplingParams(temperature=0.0, max_new_tokens=16, stop_tokens=STOPS)
+  eng = _engine(model)
+  res = eng.generate(prompts, g, greedy, jax.random.key(0))
+  ref = generate_plain(model, [p for p in prompts for _ in range(g)], jax.random.key(0), greedy)
+  np.testing.assert_array_equal(res.tokens, ref.tokens)
+  prefill_keys = [e.key for e in eng.pool.events if e.key[0] == "prefill"]
+  assert [(k[2], k[3]) for k in prefill_keys] == [(8, 2)]  # (batch b, distinct prompts u)
+  sampled = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=16, stop_tokens=STOPS)
+  a = eng.generate(prompts, g, sampled, jax.random.key(5))
+  b = _engine(model, batch_buckets=(8,), max_batch=8).generate(prompts, g, sampled,
+                                                               jax.random.key(5))
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
 def test_sampled_outputs_identical_across_buckets_k_and_waves(model):
   prompts, g = _prompts(6, seed=1), 3
   params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=20, stop_tokens=STOPS)

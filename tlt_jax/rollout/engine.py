@@ -171,37 +171,57 @@ class RolloutEngine:
     return jax.eval_shape(lambda: empty_state(self.model_cfg, b, cache_len, n, capture, hist,
                                               self.pad_id, self.drafter_features))
 
-  def _prefill_exe(self, shard, b, p, cache_len, n, capture, hist):
-    key = ("prefill", shard, b, p, cache_len, n, capture, hist)
+  def _prefill_exe(self, shard, b, u, p, cache_len, n, capture, hist):
+    """Prefill of `b` rows whose prompts are `u` distinct ones (`u` < `b`: the G samples of a
+    prompt share one forward, and its cache rows are copied to them; `u` == `b`: one row each)."""
+    key = ("prefill", shard, b, u, p, cache_len, n, capture, hist)
     cfg, pad_id, nf = self.model_cfg, self.pad_id, self.drafter_features
 
-    def fn(weights, prompts_BxP, lens_B, ids_B, active_B, hist_prefix_BxH, hist_len_B,
+    def fn(weights, prompts_UxP, lens_U, src_B, ids_B, active_B, hist_prefix_BxH, hist_len_B,
            corpus_len_B):
       model, drafter = self._merge(weights)
       st = empty_state(cfg, b, cache_len, n, capture, hist, pad_id, nf)
-      out = model(prompts_BxP, st.cache, return_layers=needs_layers(drafter))
-      cache = kvc.commit(out.cache, lens_B)
-      rows, last_B = jnp.arange(b), lens_B - 1
+      shared = u < b
+      rows_of = (lambda x: x[src_B]) if shared else (lambda x: x)
+      cache = kvc.init_cache(cfg, u, cache_len) if shared else st.cache
+      out = model(prompts_UxP, cache, return_layers=needs_layers(drafter))
+      cache = jax.tree.map(rows_of, kvc.commit(out.cache, lens_U))
+      urows, last_U = jnp.arange(u), lens_U - 1
       st = dataclasses.replace(
-          st, cache=cache, logits_BxV=out.logits_BxTxV[rows, last_B], sample_id_B=ids_B,
+          st, cache=cache, logits_BxV=rows_of(out.logits_BxTxV[urows, last_U]), sample_id_B=ids_B,
           done_B=~active_B,
-          prompt_hidden_BxD=out.hidden_BxTxD[rows, last_B].astype(st.prompt_hidden_BxD.dtype),
+          prompt_hidden_BxD=rows_of(out.hidden_BxTxD[urows, last_U]).astype(
+              st.prompt_hidden_BxD.dtype),
           history_BxH=hist_prefix_BxH, hist_len_B=hist_len_B, corpus_len_B=corpus_len_B)
       if drafter is None:
         return st
       # The drafter reads the prompt too: pairs (x_{t+1}, feature_t) for t < len - 1.
       from tlt_jax.drafter.follow import consume
-      from tlt_jax.drafter.model import target_features
+      from tlt_jax.drafter.model import drafter_cache, target_features
       feats = target_features(out.layers, out.hidden_BxTxD, drafter.cfg).astype(st.feat_BxF.dtype)
-      dcache = consume(drafter, model, st.dcache, prompts_BxP[:, 1:], feats[:, :-1], last_B)
-      return dataclasses.replace(st, dcache=dcache, feat_BxF=feats[rows, last_B])
+      dcache = drafter_cache(cfg, u, cache_len) if shared else st.dcache
+      dcache = consume(drafter, model, dcache, prompts_UxP[:, 1:], feats[:, :-1], last_U)
+      return dataclasses.replace(st, dcache=jax.tree.map(rows_of, dcache),
+                                 feat_BxF=rows_of(feats[urows, last_U]))
 
     def build():
       i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
-      args = (self._abstract_weights(), i32(b, p), i32(b), i32(b),
+      args = (self._abstract_weights(), i32(u, p), i32(u), i32(b), i32(b),
               jax.ShapeDtypeStruct((b,), bool), i32(b, hist), i32(b), i32(b))
       return fn, tuple(self._abstract(a, shard) for a in args), ()
     return key, build
+
+  def _distinct(self, prompt_idx: list[int], b: int):
+    """The distinct prompts of a wave's rows (first-appearance order), the bucketed count `u`
+    of prefill rows, and each slot's source row; no sharing (`u` == `b`) when it saves nothing."""
+    uniq = list(dict.fromkeys(prompt_idx))
+    u = bucket_for(len(uniq), self.cfg.batch_buckets)
+    if u >= b:
+      return prompt_idx, b, np.arange(b, dtype=np.int32)
+    pos = {q: j for j, q in enumerate(uniq)}
+    src = np.zeros(b, np.int32)
+    src[: len(prompt_idx)] = [pos[q] for q in prompt_idx]
+    return uniq, u, src
 
   def _loop_exe(self, shard, b, cache_len, n, capture, hist, params: SamplingParams, step_fn,
                 name):
@@ -315,14 +335,14 @@ class RolloutEngine:
              for blk in per_shard]
     shard_state = [None] * self.cfg.num_shards
     for s in range(self.cfg.num_shards):
-      self._schedule_precompile(s, len(waves[s][0]) if waves[s] else 0, cache_len, n,
-                                capture_hidden, hist, params, p_bucket)
+      first = [rows[r][1] for r in waves[s][0]] if waves[s] else []
+      self._schedule_precompile(s, first, cache_len, n, capture_hidden, hist, params, p_bucket)
 
     def start_wave(s):
       wave = waves[s].pop(0)
       b = bucket_for(len(wave), self.cfg.batch_buckets)
-      prompts_np, lens_np = pad_prompts([prompts[rows[r][1]] for r in wave], p_bucket,
-                                        self.pad_id)
+      prefill_idx, u, src_np = self._distinct([rows[r][1] for r in wave], b)
+      prompts_np, lens_np = pad_prompts([prompts[q] for q in prefill_idx], p_bucket, self.pad_id)
       hist_np = np.full((b, hist), -1, np.int32)
       hist_len, corpus_len = np.zeros(b, np.int32), np.zeros(b, np.int32)
       for slot, r in enumerate(wave):
@@ -331,15 +351,16 @@ class RolloutEngine:
         hist_np[slot, : len(seq)] = seq
         hist_len[slot], corpus_len[slot] = len(seq), len(text)
       pad = b - len(wave)
-      prompts_np = np.pad(prompts_np, ((0, pad), (0, 0)), constant_values=self.pad_id)
-      lens_np = np.pad(lens_np, (0, pad), constant_values=1)
+      upad = u - len(prefill_idx)
+      prompts_np = np.pad(prompts_np, ((0, upad), (0, 0)), constant_values=self.pad_id)
+      lens_np = np.pad(lens_np, (0, upad), constant_values=1)
       ids_np = np.pad(np.array([rows[r][0] for r in wave], np.int32), (0, pad))
       active = np.arange(b) < len(wave)
       t0 = time.perf_counter()
-      exe = self._get(self._prefill_exe(s, b, p_bucket, cache_len, n, capture_hidden, hist))
+      exe = self._get(self._prefill_exe(s, b, u, p_bucket, cache_len, n, capture_hidden, hist))
       dev = self.devices[s]
       st = exe(self._weights(s), *[jax.device_put(x, dev) for x in (
-          prompts_np, lens_np, ids_np, active, hist_np, hist_len, corpus_len)])
+          prompts_np, lens_np, src_np, ids_np, active, hist_np, hist_len, corpus_len)])
       timeline.record(s, "prefill", t0, time.perf_counter(), b, len(wave))
       slot_rows = np.concatenate([wave, np.full(pad, -1)])  # row of each slot (-1: padding)
       zeros = np.zeros(b, np.int64)
@@ -414,14 +435,16 @@ class RolloutEngine:
     reasons = ["stop" if s else "length" for s in out_stop]
     return RolloutResult(out_tokens, out_logp, out_len, reasons, out_hidden, out_phidden, timeline)
 
-  def _schedule_precompile(self, s, rows, cache_len, n, capture, hist, params, p_bucket):
-    """Compiles, in the background, the executables this shard can reach: buckets <= its first
-    for plain decoding, and speculative arms only for buckets that may run them (<= threshold)."""
-    if not self.cfg.precompile or rows == 0:
+  def _schedule_precompile(self, s, first_wave, cache_len, n, capture, hist, params, p_bucket):
+    """Compiles, in the background, the executables this shard can reach (`first_wave`: the
+    prompt index of each row of its first wave): its prefill, buckets <= its first for plain
+    decoding, and speculative arms only for buckets that may run them (<= threshold)."""
+    if not self.cfg.precompile or not first_wave:
       return
-    top = bucket_for(min(rows, self.cfg.max_batch), self.cfg.batch_buckets)
+    top = bucket_for(len(first_wave), self.cfg.batch_buckets)
     reachable = [b for b in self.cfg.batch_buckets if b <= top]
-    self.pool.precompile(*self._prefill_exe(s, top, p_bucket, cache_len, n, capture, hist))
+    u = self._distinct(first_wave, top)[1]
+    self.pool.precompile(*self._prefill_exe(s, top, u, p_bucket, cache_len, n, capture, hist))
     for b in reversed(reachable):
       self.pool.precompile(*self._decode_exe(s, b, cache_len, n, capture, hist, params))
       if self.spec is not None and self.spec.may_run(b):
