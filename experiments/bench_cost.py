@@ -1,4 +1,5 @@
-"""Prints c(B, T) for a model and the machine's floors; last line one JSON object.
+"""Prints c(B, T) for a model, the draft-step cost of an EAGLE drafter for it (full and restricted
+draft vocabulary), and the machine's floors; last line one JSON object.
 
   python -m experiments.bench_cost --config=experiments/configs/bench_cost.py:smollm2
 """
@@ -9,7 +10,8 @@ from absl import app
 from ml_collections import config_flags
 
 from tlt_jax.models.pretrained import load_policy
-from tlt_jax.rollout.cost import cost_table, machine_floors, param_bytes
+from tlt_jax.drafter.model import DrafterConfig, init_drafter
+from tlt_jax.rollout.cost import cost_table, drafter_cost_table, machine_floors, param_bytes
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_cost.py")
 
@@ -29,8 +31,26 @@ def main(argv):
   for r in table:
     ratio = r["ms"] / base[r["B"]] if r["B"] in base else float("nan")
     print(f"{r['B']:4d} {r['T']:4d} {r['ms']:9.3f} {r['us_per_token']:14.2f} {ratio:15.2f}")
+  drafter_tables = {}
+  for vocab in c.drafter_vocabs:
+    drafter = cost_drafter(model, vocab)
+    rows = drafter_cost_table(model, drafter, c.batches, c.drafter_tokens, c.cache_len, c.iters)
+    name = f"vocab_{len(drafter.cfg.vocab_ids) or model.cfg.vocab_size}"
+    drafter_tables[name] = rows
+    print(f"drafter draft step, {name} ({param_bytes(drafter) / 1e6:.1f} MB of its own weights):")
+    print("   B    T        ms   vs target c(B,1)")
+    for r in rows:
+      print(f"{r['B']:4d} {r['T']:4d} {r['ms']:9.3f} {r['ms'] / base[r['B']]:12.2f}")
   print(json.dumps({"model": c.model, "weight_bytes": weights, **floors,
-                    "floor_ms_b1": round(floor_ms, 3), "table": table}))
+                    "floor_ms_b1": round(floor_ms, 3), "table": table,
+                    "drafter": drafter_tables}))
+
+
+def cost_drafter(model, vocab: int):
+  """A drafter of the model's shape (its cost does not depend on its weights); `vocab` > 0
+  restricts its head to that many tokens."""
+  ids = tuple(range(min(vocab, model.cfg.vocab_size))) if vocab else ()
+  return init_drafter(model.cfg, DrafterConfig(draft_vocab=vocab, vocab_ids=ids))
 
 
 if __name__ == "__main__":

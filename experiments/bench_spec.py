@@ -24,7 +24,7 @@ def main(argv):
   c = _CONFIG.value
   spec = spec_config_from_dict(c.spec)
   drafter = None
-  if any(a.proposer == "eagle" for a in spec.arms):  # the cached warm-up drafter of this policy
+  if any(a.uses_drafter for a in spec.arms):  # the cached warm-up drafter of this policy
     drafter, meta = build_drafter(c)
     print(f"drafter: {meta['cache']}")
   w = build_workload(c, c.num_prompts, c.seed)

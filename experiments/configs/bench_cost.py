@@ -17,7 +17,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.tokens = (1, 2, 4, 8, 16)
   c.cache_len = 320
   c.iters = 10
+  c.drafter_vocabs = (0,)          # 0: the full vocabulary; else a restricted draft vocabulary
+  c.drafter_tokens = (1, 4)        # inputs per row of a draft step (a tree level feeds several)
   if variant == "smollm2":
+    c.drafter_vocabs = (0, 4096)
+    c.drafter_tokens = (1, 5, 9)
     c.model = "smollm2"
     c.batches = (1, 2, 4, 8, 16, 32)
     c.tokens = (1, 4, 8, 16)
@@ -25,6 +29,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.iters = 5
   elif variant == "small":
     c.batches, c.tokens, c.iters, c.cache_len = (1, 2), (1, 2), 2, 64
+    c.drafter_tokens = (1,)
   elif variant:
     raise ValueError(f"Unknown variant {variant!r}; use '', 'smollm2' or 'small'.")
   return c

@@ -17,6 +17,7 @@ from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 STOPS = (7, 9, 11)
 EAGLE = (Strategy("eagle", depth=3), Strategy("eagle", depth=5))
+TREE = (Strategy("tree", depth=3, topk=2, nodes=5), Strategy("tree", depth=4, topk=3, nodes=12))
 
 
 @pytest.mark.parametrize("layers", [(), (0, 1, 2)])
@@ -67,8 +68,10 @@ def _run(model, params, prompts, g, spec=None, drafter=None, key=0):
   return eng.generate(prompts, g, params, jax.random.key(key), capture_hidden=True), eng
 
 
-@pytest.mark.parametrize("trained,layers", [(False, ()), (True, ()), (True, (0, 1, 2))])
-def test_eagle_greedy_equals_plain_greedy(trained, layers):
+@pytest.mark.parametrize("trained,layers,arms", [
+    (False, (), EAGLE), (True, (), EAGLE), (True, (0, 1, 2), EAGLE),
+    (False, (), TREE), (True, (), TREE), (True, (0, 1, 2), TREE)])
+def test_eagle_greedy_equals_plain_greedy(trained, layers, arms):
   target = peaked_model()
   drafter = (_trained_drafter(target, layers)[0] if trained
              else init_drafter(target.cfg, DrafterConfig(feature_layers=layers), seed=3))
@@ -76,7 +79,7 @@ def test_eagle_greedy_equals_plain_greedy(trained, layers):
   prompts = _prompts(5, seed=4)
   plain, _ = _run(target, params, prompts, 2)
   sd, eng = _run(target, params, prompts, 2,
-                 SpecConfig(threshold=16, arms=EAGLE, min_accept_len=0.0), drafter)
+                 SpecConfig(threshold=16, arms=arms, min_accept_len=0.0), drafter)
   np.testing.assert_array_equal(sd.tokens, plain.tokens)
   np.testing.assert_allclose(sd.logprobs, plain.logprobs, atol=1e-5)
   np.testing.assert_allclose(sd.hidden, plain.hidden, atol=1e-4)
@@ -84,21 +87,26 @@ def test_eagle_greedy_equals_plain_greedy(trained, layers):
     assert eng.spec.accept_len() > 1.1
 
 
-def test_eagle_coupled_equals_plain_sampling():
+@pytest.mark.parametrize("arms", [EAGLE, TREE])
+def test_eagle_coupled_equals_plain_sampling(arms):
   target = peaked_model(scale=8.0)
   drafter = _trained_drafter(target)[0]
   params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=24, stop_tokens=STOPS)
   prompts = _prompts(6, seed=2)
   plain, _ = _run(target, params, prompts, 2, key=11)
   sd, eng = _run(target, params, prompts, 2,
-                 SpecConfig(threshold=12, rule="coupled", arms=EAGLE, min_accept_len=0.0),
+                 SpecConfig(threshold=12, rule="coupled", arms=arms, min_accept_len=0.0),
                  drafter, key=11)
   np.testing.assert_array_equal(sd.tokens, plain.tokens)
+  np.testing.assert_allclose(sd.logprobs, plain.logprobs, atol=1e-5)
   assert eng.spec.accept_len() > 1.1
 
 
-def test_eagle_rejection_matches_plain_sampling_in_distribution():
-  """q is the drafter's processed distribution the drafts were drawn from."""
+@pytest.mark.parametrize("arm", [Strategy("eagle", depth=2),
+                                 Strategy("tree", depth=2, topk=2, nodes=6)])
+def test_eagle_rejection_matches_plain_sampling_in_distribution(arm):
+  """q is the drafter's processed distribution the drafts were drawn from; in a tree, siblings
+  are i.i.d. draws from it and rejected siblings' mass is removed (recursive rejection)."""
   target = peaked_model(scale=2.0, vocab_size=V)
   drafter = init_drafter(target.cfg, DrafterConfig(), seed=4)
   params = PARAMS[0]
@@ -106,7 +114,7 @@ def test_eagle_rejection_matches_plain_sampling_in_distribution():
   eng = RolloutEngine(target, EngineConfig(batch_buckets=(n,), max_batch=n, steps_per_dispatch=4,
                                            precompile=False, prefill_buckets=(16,)),
                       spec=SpecConfig(threshold=n, rule="rejection", min_accept_len=0.0,
-                                      arms=(Strategy("eagle", depth=2),)), drafter=drafter)
+                                      arms=(arm,)), drafter=drafter)
   res = eng.generate([PROMPT], n, params, jax.random.key(321))
   idx = np.ravel_multi_index(res.tokens[:, :3].T, (V,) * 3)
   counts = np.bincount(idx, minlength=V ** 3)

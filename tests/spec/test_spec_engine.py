@@ -192,6 +192,18 @@ def test_the_plain_arm_competes_in_the_bandit_and_changes_no_token():
   rewards = eng.spec.bandit._rewards
   assert any(rewards[k] for k in rewards if k[1] == 1)  # the plain arm earned bandit rewards
   assert 1 not in eng.spec.health.retired  # and is never retired
-  assert SpecConfig(arms=arms).max_depth == 4
+  assert SpecConfig(arms=arms).max_written == 4
   with pytest.raises(ValueError, match="Unknown proposer"):
     Strategy("greedy")
+
+
+def test_tree_arms_are_checked_and_sized():
+  from tlt_jax.spec.strategy import strategy_from_tuple
+  tree = strategy_from_tuple(("tree", 4, 3, 10))
+  assert (tree.candidates, tree.verified("coupled"), tree.verified("rejection")) == (30, 10, 30)
+  assert tree.written("coupled") == 10 and Strategy("tree", 5, topk=4, nodes=8).written("x") == 17
+  assert SpecConfig(arms=(tree, Strategy(depth=6))).max_written == 10
+  with pytest.raises(ValueError, match="nodes <= 30"):
+    Strategy("tree", 4, topk=3, nodes=31)
+  with pytest.raises(ValueError, match=r"\('tree', depth, topk, nodes\)"):
+    strategy_from_tuple(("tree", 4, 3))

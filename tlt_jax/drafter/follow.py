@@ -40,20 +40,131 @@ def draft_chain(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, k
   for j in range(k):
     g, cache = drafter(target.embed(tok_B[:, None]), h, cache)
     cache = kvc.commit(cache, jnp.ones((b,), jnp.int32))
-    logq_BxV = processed_logprobs(target.head(g)[:, 0], params)
+    logq_BxR = processed_logprobs(drafter.logits(target, g)[:, 0], params)
     pos_B = t0_B + 1 + j
-    v = logq_BxV.shape[-1]
     if params.greedy:
-      tok_B = jnp.argmax(logq_BxV, axis=-1)
+      idx_B = jnp.argmax(logq_BxR, axis=-1)
     else:
+      # The noise lives in the target's token space (under `coupled` it is the target's own).
+      v = target.cfg.vocab_size
       stream = (lambda i, t: noise_key(key, i, t)) if rule == "coupled" else (
           lambda i, t: verify.stream_key(key, i, t, verify.DRAFT_STREAM))
       g_BxV = jax.vmap(lambda i, t: jax.random.gumbel(stream(i, t), (v,), jnp.float32))(
           sample_ids_B, pos_B)
-      tok_B = jnp.argmax(logq_BxV + g_BxV, axis=-1)
-    tok_B = tok_B.astype(jnp.int32)
+      idx_B = jnp.argmax(logq_BxR + drafter.of_vocab(g_BxV), axis=-1)
+    tok_B = drafter.token_ids(idx_B).astype(jnp.int32)
     drafts.append(tok_B)
-    qs.append(jnp.exp(logq_BxV))
+    qs.append(drafter.on_vocab(jnp.exp(logq_BxR), 0.0))
     h = g
   committed = cache.replace(lengths_B=dcache.lengths_B + live_B.astype(jnp.int32))
   return jnp.stack(drafts, axis=1), jnp.stack(qs, axis=1), committed
+
+
+def tree_ancestors(parents_BxN, depth: int) -> jax.Array:
+  """`[B, N, N]` mask: node j is node i or one of its ancestors (`parents[i]` = -1: a root)."""
+  b, n = parents_BxN.shape
+  par_BxNxN = jax.nn.one_hot(parents_BxN, n, dtype=jnp.float32)  # -1: an all-zero row
+  reach = jnp.broadcast_to(jnp.eye(n, dtype=jnp.float32), (b, n, n))
+  anc = reach
+  for _ in range(depth):
+    reach = reach @ par_BxNxN  # reach[i, j]: j is the next ancestor up
+    anc = anc + reach
+  return anc > 0
+
+
+def draft_tree(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, *, depth: int,
+               topk: int, nodes: int, params: SamplingParams, key, sample_ids_B, t0_B,
+               rule: str, live_B):
+  """Drafts an EAGLE-2 dynamic tree under the root `s0`, one drafter forward per level.
+
+  Level 0 feeds the root; each level's `topk` children per expanded node are scored, and the
+  `topk` best new nodes by cumulative score are expanded at the next level (the drafter re-reads
+  the whole expanded tree with a tree mask, so nothing uncommitted must survive between calls).
+  Children: under `coupled` the best of the drafter's distribution perturbed by the position's
+  own Gumbel noise (the target's; its best child is the chain's draft) scored by the softmax of
+  the perturbed logits; greedy, the drafter's top-k by probability; under `rejection`, `topk`
+  i.i.d. draws from `q` on a separate stream, scored by `q`.
+
+  Verified: the `nodes` best drafts by cumulative score (ancestors score at least as high, so
+  the kept set is a tree); under `rejection` every drafted node, since recursive rejection is
+  exact only for siblings that are i.i.d. draws, not the best of them.
+
+  Returns (tokens `[B, 1 + M]` with the root first, validity `[B, 1 + M]`, parent node indices
+  (root: -1), depths, ancestor mask `[B, 1 + M, 1 + M]`, q `[B, 1 + M, V]` or None, and the
+  drafter cache with only the root's pair committed).
+  """
+  b, k = s0_B.shape[0], topk
+  greedy = params.greedy
+  fed_tok, fed_h = s0_B[:, None], drafter.project(feat_BxF[:, None])
+  fed_par = jnp.full((b, 1), -1, jnp.int32)
+  fed_depth = jnp.zeros((b, 1), jnp.int32)
+  fed_cand = jnp.full((b, 1), -1, jnp.int32)      # candidate index of each expanded node
+  fed_score = jnp.zeros((b, 1), jnp.float32)
+  c_tok, c_par, c_depth, c_score, c_q = [], [], [], [], []
+  n_cand, cache = 0, dcache
+  for level in range(depth):
+    n_fed = fed_tok.shape[1]
+    g, cache = drafter(target.embed(fed_tok), fed_h, cache, depth_T=fed_depth,
+                       tree_mask_TxT=tree_ancestors(fed_par, level))
+    m = 1 if level == 0 else k                     # the nodes expanded at this level
+    front = jnp.arange(n_fed - m, n_fed)
+    logq_BxMxR = processed_logprobs(drafter.logits(target, g[:, n_fed - m:]), params)
+    pos_B = t0_B + 1 + level
+    v = target.cfg.vocab_size
+    if greedy or rule == "coupled":
+      if greedy:
+        rank = logq_BxMxR
+      else:
+        gum_BxV = jax.vmap(lambda i, t: jax.random.gumbel(noise_key(key, i, t), (v,)))(
+            sample_ids_B, pos_B)
+        rank = logq_BxMxR + drafter.of_vocab(gum_BxV)[:, None, :]
+      top_BxMxK, idx_BxMxK = jax.lax.top_k(rank, k)
+      score = top_BxMxK if greedy else top_BxMxK - jax.nn.logsumexp(rank, -1, keepdims=True)
+    else:
+      def draw(i, t, node, j):
+        kk = jax.random.fold_in(verify.stream_key(key, i, t, verify.DRAFT_STREAM), node * k + j)
+        return jax.random.gumbel(kk, (v,))
+      gum = jax.vmap(lambda i, t: jax.vmap(lambda node: jax.vmap(
+          lambda j: draw(i, t, node, j))(jnp.arange(k)))(front))(sample_ids_B, pos_B)
+      idx_BxMxK = jnp.argmax(logq_BxMxR[:, :, None] + drafter.of_vocab(gum), axis=-1)
+      score = jnp.take_along_axis(logq_BxMxR, idx_BxMxK, axis=-1)
+    tok = drafter.token_ids(idx_BxMxK).astype(jnp.int32).reshape(b, m * k)
+    cum = (fed_score[:, n_fed - m:, None] + score).reshape(b, m * k)
+    par = jnp.broadcast_to(front[None, :, None], (b, m, k)).reshape(b, m * k)
+    c_tok.append(tok), c_par.append(par), c_score.append(cum)
+    c_depth.append(jnp.full((b, m * k), level + 1, jnp.int32))
+    if rule == "rejection" and not greedy:
+      q_BxMxV = drafter.on_vocab(jnp.exp(logq_BxMxR), 0.0)
+      c_q.append(jnp.repeat(q_BxMxV, k, axis=1))
+    if level + 1 < depth:                          # expand the k best new nodes next
+      best = jax.lax.top_k(cum, k)[1]
+      take = lambda x: jnp.take_along_axis(x, best, axis=1)
+      new_par = take(par)
+      fed_tok = jnp.concatenate([fed_tok, take(tok)], axis=1)
+      fed_h = jnp.concatenate([fed_h, jnp.take_along_axis(g, new_par[:, :, None], axis=1)], 1)
+      fed_par = jnp.concatenate([fed_par, new_par], axis=1)
+      fed_depth = jnp.concatenate([fed_depth, jnp.full((b, k), level + 1, jnp.int32)], axis=1)
+      fed_cand = jnp.concatenate([fed_cand, n_cand + best.astype(jnp.int32)], axis=1)
+      fed_score = jnp.concatenate([fed_score, take(cum)], axis=1)
+    n_cand += m * k
+  tok, par, score, dep = (jnp.concatenate(x, axis=1) for x in (c_tok, c_par, c_score, c_depth))
+  n_keep = n_cand if rule == "rejection" and not greedy else nodes
+  if n_keep < n_cand:  # ancestors first on ties; kept in candidate (level) order
+    sel = jnp.sort(jax.lax.top_k(score - 1e-6 * dep, n_keep)[1], axis=1)
+  else:
+    sel = jnp.broadcast_to(jnp.arange(n_cand), (b, n_cand))
+  rows = jnp.arange(b)[:, None]
+  node_of = jnp.full((b, n_cand), -1, jnp.int32).at[rows, sel].set(1 + jnp.arange(n_keep))
+  parent_cand = jnp.take_along_axis(fed_cand, jnp.take_along_axis(par, sel, axis=1), axis=1)
+  parent_node = jnp.where(parent_cand < 0, 0,
+                          jnp.take_along_axis(node_of, jnp.maximum(parent_cand, 0), axis=1))
+  valid = jnp.concatenate([jnp.ones((b, 1), bool), parent_node >= 0], axis=1)
+  parents = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), parent_node], axis=1)
+  tokens = jnp.concatenate([s0_B[:, None], jnp.take_along_axis(tok, sel, axis=1)], axis=1)
+  depths = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), jnp.take_along_axis(dep, sel, 1)], 1)
+  q = None
+  if c_q:
+    q_sel = jnp.take_along_axis(jnp.concatenate(c_q, axis=1), sel[:, :, None], axis=1)
+    q = jnp.concatenate([jnp.zeros_like(q_sel[:, :1]), q_sel], axis=1)
+  committed = cache.replace(lengths_B=dcache.lengths_B + live_B.astype(jnp.int32))
+  return tokens, valid, parents, depths, tree_ancestors(parents, depth), q, committed

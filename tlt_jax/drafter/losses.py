@@ -1,6 +1,6 @@
 """TLT's drafter loss: SmoothL1 between the drafter's output and the target's next hidden state,
 plus a soft cross-entropy of the drafter's logits against the target's next-token distribution
-(both through the target's own head)."""
+(both through the target's own head, over the drafter's vocabulary)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ def drafter_loss(drafter: Drafter, target, tokens_BxL, feats_BxLxF, hidden_BxLxD
   m = (mask_BxL[:, 1:] * mask_BxL[:, :-1]).astype(jnp.float32)
   denom = jnp.maximum(m.sum(), 1.0)
   sl1 = jnp.sum(smooth_l1(g - want).mean(-1) * m) / denom
-  target_logp = jax.lax.stop_gradient(jax.nn.log_softmax(target.head(want), axis=-1))
-  draft_logits = target.head(g)
+  # With a restricted draft vocabulary both distributions are over it (the target's renormalised).
+  target_logp = jax.lax.stop_gradient(jax.nn.log_softmax(drafter.logits(target, want), axis=-1))
+  draft_logits = drafter.logits(target, g)
   draft_logp = jax.nn.log_softmax(draft_logits, axis=-1)
   ce = jnp.sum(-jnp.sum(jnp.exp(target_logp) * draft_logp, axis=-1) * m) / denom
   top1 = jnp.sum((jnp.argmax(draft_logits, -1) == jnp.argmax(target_logp, -1)) * m) / denom

@@ -24,14 +24,34 @@ from tlt_jax.models.transformer import Block
 
 @dataclasses.dataclass(frozen=True)
 class DrafterConfig:
-  """`feature_layers` empty: EAGLE (final hidden); else EAGLE-3 fusion of those target layers."""
+  """`feature_layers` empty: EAGLE (final hidden); else EAGLE-3 fusion of those target layers.
+
+  `draft_vocab` > 0 restricts the draft head to that many tokens (EAGLE-3's trick: the head is
+  most of a small drafter's cost). The warm-up picks the tokens most frequent in the target's
+  own rollouts and stores them, sorted, in `vocab_ids`; drafts are then always among them, and
+  verification keeps decoding exact whatever the drafter proposes.
+  """
 
   feature_layers: tuple[int, ...] = ()
   smooth_l1_weight: float = 1.0
   ce_weight: float = 0.1
+  draft_vocab: int = 0
+  vocab_ids: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    if self.draft_vocab < 0:
+      raise ValueError(f"draft_vocab must be >= 0 (0: the full vocabulary), got "
+                       f"{self.draft_vocab}.")
+    if list(self.vocab_ids) != sorted(set(self.vocab_ids)):
+      raise ValueError("DrafterConfig.vocab_ids must be distinct token ids in increasing order.")
 
   def n_features(self) -> int:
     return max(1, len(self.feature_layers))
+
+  def __repr__(self):  # the vocabulary can be thousands of ids: show its size
+    return (f"DrafterConfig(feature_layers={self.feature_layers}, smooth_l1_weight="
+            f"{self.smooth_l1_weight}, ce_weight={self.ce_weight}, draft_vocab={self.draft_vocab}, "
+            f"vocab_ids=<{len(self.vocab_ids)} ids>)")
 
 
 def layer_config(target: ModelConfig) -> ModelConfig:
@@ -55,6 +75,32 @@ class Drafter(nnx.Module):
     from tlt_jax.models.layers import RMSNorm
     self.norm = RMSNorm(d, target.norm_eps, param_dtype=jnp.dtype(target.param_dtype))
 
+  @property
+  def restricted(self) -> bool:
+    return bool(self.cfg.vocab_ids)
+
+  def logits(self, target, g_BxTxD) -> jax.Array:
+    """Draft logits `[B, T, R]` over the draft vocabulary (R = V unless restricted), through the
+    target's own head."""
+    rows_R = jnp.asarray(self.cfg.vocab_ids, jnp.int32) if self.restricted else None
+    return target.head(g_BxTxD, rows_R)
+
+  def token_ids(self, idx):
+    """Draft-vocabulary indices to the target's token ids."""
+    return jnp.asarray(self.cfg.vocab_ids, jnp.int32)[idx] if self.restricted else idx
+
+  def on_vocab(self, x_xR, fill) -> jax.Array:
+    """Values over the draft vocabulary spread to the target's `[..., V]` (others `fill`); the
+    Gumbel noise or probabilities of a draft in the target's token space."""
+    if not self.restricted:
+      return x_xR
+    full = jnp.full((*x_xR.shape[:-1], self.target_cfg.vocab_size), fill, x_xR.dtype)
+    return full.at[..., jnp.asarray(self.cfg.vocab_ids, jnp.int32)].set(x_xR)
+
+  def of_vocab(self, x_xV) -> jax.Array:
+    """Target-vocabulary values `[..., V]` at the draft vocabulary's tokens `[..., R]`."""
+    return x_xV[..., jnp.asarray(self.cfg.vocab_ids, jnp.int32)] if self.restricted else x_xV
+
   def project(self, feats_BxTxF) -> jax.Array:
     """Target features (`target_features`) to the D-wide input the drafter reads."""
     return feats_BxTxF if self.feat_proj is None else self.feat_proj(feats_BxTxF)
@@ -72,7 +118,8 @@ class Drafter(nnx.Module):
       x, _ = self.layer(x, positions, lambda k, v: (*kvc.to_cache_layout(k, v), mask))
       return self.norm(x), None
     depth_T = jnp.arange(t) if depth_T is None else depth_T
-    positions = cache.lengths_B[:, None] + depth_T[None, :]
+    depth_BxT = depth_T if depth_T.ndim == 2 else depth_T[None, :]  # per-row trees
+    positions = cache.lengths_B[:, None] + depth_BxT
     over_B = kvc.check_write(cache, t)
     mask = kvc.visible_mask(cache, t, tree_mask_TxT)
 

@@ -44,7 +44,7 @@ def teacher_forced_hits(drafter, target, toks_BxL, hidden_BxLxD, mask_BxL):
   """Per position t: does the drafter's greedy token after t+1 equal the target's?"""
   emb = target.embed(toks_BxL[:, 1:])
   g, _ = drafter(emb, drafter.project(hidden_BxLxD[:, :-1]))
-  draft = jnp.argmax(target.head(g), -1)
+  draft = drafter.token_ids(jnp.argmax(drafter.logits(target, g), -1))
   want = jnp.argmax(target.head(hidden_BxLxD[:, 1:]), -1)
   valid = (mask_BxL[:, 1:] * mask_BxL[:, :-1]) > 0
   return draft == want, valid

@@ -61,16 +61,50 @@ def rollout_sequences(target, prompts, params: SamplingParams, cfg: WarmupConfig
   return toks, mask
 
 
+def draft_vocabulary(toks, mask, size: int, vocab_size: int) -> tuple[int, ...]:
+  """The `size` tokens most frequent in the (masked) sequences, ties by id, in increasing order."""
+  counts = np.bincount(toks[mask > 0].ravel(), minlength=vocab_size)
+  return tuple(sorted(int(t) for t in np.argsort(-counts, kind="stable")[:size]))
+
+
+def teacher_features(target, toks, dcfg: DrafterConfig, chunk: int = 16, progress: bool = True):
+  """(features, final hidden) of the frozen target over every sequence, computed once in jitted
+  chunks, so that training steps do not repeat the target's forward. For EAGLE (final hidden as
+  the feature) both are the same array."""
+  graphdef, state = nnx.split(target)
+
+  @jax.jit
+  def forward(state, tokens_BxL):
+    return teacher_batch(nnx.merge(graphdef, state), tokens_BxL, dcfg)
+
+  n = len(toks)
+  padded = np.concatenate([toks, np.repeat(toks[-1:], -n % chunk, axis=0)])
+  feats, hidden = [], []
+  for i in tqdm(range(0, n, chunk), desc="target features", disable=not progress,
+                mininterval=2.0):
+    f, h = jax.device_get(forward(state, jnp.asarray(padded[i: i + chunk])))
+    feats.append(f)
+    hidden.append(h if dcfg.feature_layers else None)
+  feats = np.concatenate(feats)[:n]
+  return feats, (np.concatenate(hidden)[:n] if dcfg.feature_layers else feats)
+
+
 def train_on_sequences(target, toks, mask, dcfg: DrafterConfig, tcfg: DrafterTrainConfig,
                        wcfg: WarmupConfig, progress: bool = True) -> tuple[Drafter, dict]:
+  """Trains a fresh drafter on the sequences (picking its draft vocabulary first if restricted)."""
+  start = time.time()
+  if dcfg.draft_vocab and not dcfg.vocab_ids:
+    dcfg = dataclasses.replace(dcfg, vocab_ids=draft_vocabulary(toks, mask, dcfg.draft_vocab,
+                                                                target.cfg.vocab_size))
   trainer = DrafterTrainer(init_drafter(target.cfg, dcfg, seed=wcfg.seed), target, tcfg)
+  feats, hidden = teacher_features(target, toks, dcfg, progress=progress)
   rng = np.random.default_rng(wcfg.seed)
-  metrics, start = {}, time.time()
+  metrics = {}
   bar = tqdm(range(wcfg.steps), desc="drafter warm-up", disable=not progress, mininterval=2.0)
   for _ in bar:
     idx = rng.choice(len(toks), size=min(wcfg.batch_rows, len(toks)), replace=False)
-    feats, hidden = teacher_batch(target, toks[idx], dcfg)
-    metrics = trainer.step(jnp.asarray(toks[idx]), feats, hidden, jnp.asarray(mask[idx]))
+    metrics = trainer.step(jnp.asarray(toks[idx]), jnp.asarray(feats[idx]),
+                           jnp.asarray(hidden[idx]), jnp.asarray(mask[idx]))
     bar.set_postfix(loss=f"{metrics['loss']:.3f}", top1=f"{metrics['top1_agreement']:.2f}")
   return trainer.drafter(), dict(metrics, seconds=round(time.time() - start, 1))
 

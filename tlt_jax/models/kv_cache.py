@@ -108,7 +108,8 @@ def write_kv(k_BxKxHxS: jax.Array, v_BxKxSxH: jax.Array, k_new_BxTxKxH: jax.Arra
 def visible_mask(cache: KVCache, n_new: int, tree_mask_TxT: jax.Array | None) -> jax.Array:
   """`[B, T, S]` mask: committed slots, plus the new slots that `tree_mask_TxT` allows.
 
-  `tree_mask_TxT[t, u]` says whether new token t attends to new token u (causal when None).
+  `tree_mask_TxT[t, u]` says whether new token t attends to new token u (causal when None); a
+  `[B, T, T]` mask gives each row its own tree.
   """
   s_S = jnp.arange(cache.max_len)
   rel_BxS = s_S[None, :] - cache.lengths_B[:, None]
@@ -119,8 +120,11 @@ def visible_mask(cache: KVCache, n_new: int, tree_mask_TxT: jax.Array | None) ->
   else:
     in_range_BxS = (rel_BxS >= 0) & (rel_BxS < n_new)
     idx_BxS = jnp.clip(rel_BxS, 0, n_new - 1)
-    new_BxTxS = in_range_BxS[:, None, :] & jnp.take(tree_mask_TxT, idx_BxS, axis=1).transpose(
-        1, 0, 2)
+    if tree_mask_TxT.ndim == 2:
+      tree_BxTxS = jnp.take(tree_mask_TxT, idx_BxS, axis=1).transpose(1, 0, 2)
+    else:
+      tree_BxTxS = jnp.take_along_axis(tree_mask_TxT, idx_BxS[:, None, :], axis=2)
+    new_BxTxS = in_range_BxS[:, None, :] & tree_BxTxS
   return committed_BxS[:, None, :] | new_BxTxS
 
 

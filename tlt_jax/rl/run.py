@@ -17,7 +17,7 @@ from tlt_jax.workloads import build_drafter, build_workload
 def build_trainer(c, progress: bool = True) -> Trainer:
   spec = spec_config_from_dict(c.spec) if c.spec else None
   drafter = None
-  if spec is not None and any(a.proposer == "eagle" for a in spec.arms):
+  if spec is not None and any(a.uses_drafter for a in spec.arms):
     drafter, _ = build_drafter(c, progress=progress)
   w = build_workload(c, c.num_prompts, c.seed, c.get("train_difficulty"))
   adaptive = None

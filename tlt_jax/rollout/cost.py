@@ -1,6 +1,7 @@
 """Cost microbenchmarks: c(B, T), the time of one model step at batch B with T tokens per row,
-and this machine's memory-bandwidth and compute floors. Speculative decoding pays where
-c(B, 1 + depth) is not much more than c(B, 1): these numbers choose its thresholds and arms."""
+the same for one draft step of an EAGLE drafter, and this machine's memory-bandwidth and compute
+floors. Speculative decoding pays where c(B, 1 + depth) plus the draft steps is not much more than
+c(B, 1): these numbers choose its thresholds and arms."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import numpy as np
 from flax import nnx
 
 from tlt_jax.models import kv_cache as kvc
+from tlt_jax.rollout.sampling import SamplingParams, processed_logprobs
+
+_COST_PARAMS = SamplingParams(temperature=0.9)  # a sampled draft, as in the benchmarks
 
 
 def _median_time(fn, iters: int) -> float:
@@ -78,3 +82,43 @@ def cost_table(model, batches, tokens, cache_len: int, iters: int = 10) -> list[
       c = step_cost(model, b, t, cache_len, iters=iters)
       rows.append({"B": b, "T": t, "ms": round(1e3 * c, 3), "us_per_token": round(1e6 * c / (b * t), 2)})
   return rows
+
+
+def drafter_step_cost(target, drafter, batch: int, tokens: int, cache_len: int, *,
+                      prefix: int = 64, iters: int = 10) -> float:
+  """Median seconds of one draft step as the engine runs it: the drafter on `tokens` new inputs
+  per row over a committed prefix (a chain step feeds 1, a tree level its expanded nodes), the
+  draft head over its vocabulary on the last input, the processed distribution and a Gumbel-max
+  draw with noise over the target's vocabulary."""
+  from tlt_jax.drafter.model import drafter_cache
+  tgraph, tstate = nnx.split(target)
+  dgraph, dstate = nnx.split(drafter)
+  prefix_B = jnp.full((batch,), prefix, jnp.int32)
+  v = target.cfg.vocab_size
+
+  @functools.partial(jax.jit, donate_argnums=2)
+  def step(tstate, dstate, cache, toks, h, key):
+    tgt, d = nnx.merge(tgraph, tstate), nnx.merge(dgraph, dstate)
+    g, cache = d(tgt.embed(toks), h, cache)
+    logq = processed_logprobs(d.logits(tgt, g[:, -1:])[:, 0], _COST_PARAMS)
+    noise = jax.random.gumbel(key, (batch, v))
+    draft = d.token_ids(jnp.argmax(logq + d.of_vocab(noise), -1))
+    return draft, cache.replace(lengths_B=prefix_B)
+
+  box = [drafter_cache(target.cfg, batch, cache_len).replace(lengths_B=prefix_B)]
+  toks = jnp.ones((batch, tokens), jnp.int32)
+  h = jnp.ones((batch, tokens, target.cfg.d_model), jnp.dtype(target.cfg.dtype))
+  key = jax.random.key(0)
+
+  def run():
+    draft, box[0] = step(tstate, dstate, box[0], toks, h, key)
+    return draft
+  return _median_time(run, iters)
+
+
+def drafter_cost_table(target, drafter, batches, tokens, cache_len: int, iters: int = 10
+                       ) -> list[dict]:
+  """Draft-step cost for every (B, T) pair, in milliseconds."""
+  return [{"B": b, "T": t, "ms": round(1e3 * drafter_step_cost(target, drafter, b, t, cache_len,
+                                                                iters=iters), 3)}
+          for b in batches for t in tokens]

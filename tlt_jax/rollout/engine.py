@@ -94,10 +94,11 @@ class RolloutEngine:
 
   def __init__(self, model, config: EngineConfig, *, pad_id: int = 0, devices=None,
                spec: SpecConfig | None = None, drafter=None):
-    if spec is not None and any(a.proposer == "eagle" for a in spec.arms) and drafter is None:
-      raise ValueError("SpecConfig has 'eagle' arms but no drafter was given to the engine.")
-    if spec is not None and config.cache_slack < spec.max_depth + 1:
-      config = dataclasses.replace(config, cache_slack=spec.max_depth + 1)
+    if spec is not None and any(a.uses_drafter for a in spec.arms) and drafter is None:
+      raise ValueError("SpecConfig has 'eagle' or 'tree' arms but no drafter was given to the "
+                       "engine.")
+    if spec is not None and config.cache_slack < spec.max_written + 1:
+      config = dataclasses.replace(config, cache_slack=spec.max_written + 1)
     self.cfg = config
     self.spec = SpecController(spec, config.batch_buckets) if spec is not None else None
     self.model_cfg = model.cfg

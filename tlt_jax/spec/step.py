@@ -22,6 +22,9 @@ from tlt_jax.spec.suffix import suffix_propose
 
 def spec_step(model, drafter, st: DecodeState, params: SamplingParams, key, stop_ids, n: int,
               pad_id: int, *, strategy: Strategy, rule: str) -> DecodeState:
+  if strategy.proposer == "tree":
+    return tree_step(model, drafter, st, params, key, stop_ids, n, pad_id, strategy=strategy,
+                     rule=rule)
   b, k = st.t_B.shape[0], strategy.depth
   rows = jnp.arange(b)
   live_B = ~st.done_B
@@ -71,3 +74,51 @@ def spec_step(model, drafter, st: DecodeState, params: SamplingParams, key, stop
   # with the target's true features.
   return follow_drafter(model, drafter, st, new, out, inputs_BxM, keep_B, dcache=dcache,
                         first=1 if dcache is not None else 0)
+
+
+def tree_step(model, drafter, st: DecodeState, params: SamplingParams, key, stop_ids, n: int,
+              pad_id: int, *, strategy: Strategy, rule: str) -> DecodeState:
+  """A speculative step over an EAGLE-2 tree: the root `s0` and the drafted nodes go through
+  the target in one forward (tree mask, positions by depth); the accepted path is walked by
+  `verify.verify_tree`, its cache entries gathered into consecutive slots."""
+  from tlt_jax.drafter.follow import draft_tree
+  b, depth = st.t_B.shape[0], strategy.depth
+  rows = jnp.arange(b)
+  live_B = ~st.done_B
+  s0_B, lp0_B = next_token(st, params, key)
+  s0_B = jnp.where(live_B, s0_B, pad_id)
+  tokens_BxN, valid_BxN, parents_BxN, depth_BxN, mask_BxNxN, q_BxNxV, dcache = draft_tree(
+      drafter, model, st.dcache, s0_B, st.feat_BxF, depth=depth, topk=strategy.topk,
+      nodes=strategy.nodes, params=params, key=key, sample_ids_B=st.sample_id_B, t0_B=st.t_B,
+      rule=rule, live_B=live_B)
+  out = model(tokens_BxN, st.cache, depth_T=depth_BxN, tree_mask_TxT=mask_BxNxN,
+              return_layers=needs_layers(drafter))
+  logp_BxNxV = processed_logprobs(out.logits_BxTxV, params)
+  if q_BxNxV is None:  # coupled and greedy walks never read q
+    q_BxNxV = jnp.zeros((b, tokens_BxN.shape[1], 1), jnp.float32)
+  path_BxM, n_acc_B, forced_B = verify.verify_tree(
+      logp_BxNxV, jnp.where(valid_BxN, tokens_BxN, -1), parents_BxN, q_BxNxV, key,
+      st.sample_id_B, st.t_B, rule=rule, greedy=params.greedy, depth=depth)
+  if rule == "coupled" or params.greedy:
+    forced_B = jnp.full_like(forced_B, -1)
+
+  take = lambda x: jnp.take_along_axis(x, path_BxM.reshape(b, -1, *([1] * (x.ndim - 2))), axis=1)
+  cand_BxM = take(tokens_BxN)
+  # The log-prob of path node j + 1 is read from the target's distribution after node j.
+  path_lp_BxM = jnp.take_along_axis(take(logp_BxNxV)[:, :-1], cand_BxM[:, 1:, None], axis=2)
+  cand_lp_BxM = jnp.concatenate([lp0_B[:, None], path_lp_BxM[:, :, 0]], axis=1)
+  m_B = n_acc_B + 1
+  path_out = dataclasses.replace(
+      out, hidden_BxTxD=take(out.hidden_BxTxD),
+      layers=None if out.layers is None else tuple(take(x) for x in out.layers))
+  new, keep_B = emit(st, cand_BxM, cand_lp_BxM, path_out.hidden_BxTxD, m_B, stop_ids, n, pad_id)
+  last_node_B = path_BxM[rows, jnp.maximum(keep_B - 1, 0)]
+  new = dataclasses.replace(
+      new, cache=kvc.commit(out.cache, keep_B, path_BxM),
+      logits_BxV=jnp.where((keep_B > 0)[:, None], out.logits_BxTxV[rows, last_node_B],
+                           st.logits_BxV),
+      pending_B=jnp.where((keep_B > 0) & (keep_B == m_B), forced_B,
+                          jnp.where(keep_B > 0, -1, st.pending_B)),
+      spec_steps_B=st.spec_steps_B + live_B, spec_tokens_B=st.spec_tokens_B + keep_B)
+  return follow_drafter(model, drafter, st, new, path_out, cand_BxM, keep_B, dcache=dcache,
+                        first=1)
