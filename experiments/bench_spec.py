@@ -37,6 +37,15 @@ def main(argv):
   greedy = bench.compare(*args, bench.greedy_params(w.params), ecfg, spec, key,
                          w.tokenizer.pad_id, c.repeats, drafter=drafter)
   print(f"greedy: {json.dumps(greedy)}")
+  sweep = []
+  if c.get("sweep_rows"):
+    sweep = bench.arm_sweep(w.model, w.prompts, tuple(c.sweep_rows), w.params, ecfg, spec, key,
+                            w.tokenizer.pad_id, c.repeats, drafter=drafter)
+    print(f"arms alone at temperature {c.temperature}, by rows at the start:")
+    print(" rows  arm                       plain s     SD s   speedup  accept  identical")
+    for r in sweep:
+      print(f"{r['rows']:5d}  {r['arm']:24s} {r['plain_s']:8.3f} {r['sd_s']:8.3f} "
+            f"{r['speedup']:9.3f} {r['accept_len']:7.2f}  {r['identical']}")
   out = {"model": c.model, "rule": spec.rule, "threshold": spec.threshold,
          "rows": c.num_prompts * c.group_size, "temperature": c.temperature,
          "sd_phase_speedup": sampled["sd_phase_speedup"],
@@ -45,6 +54,7 @@ def main(argv):
          "coupled_identical": sampled["identical"] if spec.rule == "coupled" else None,
          "chosen_per_bucket": sampled["chosen_per_bucket"],
          "speedup_per_bucket": {b: r["speedup"] for b, r in sampled["per_bucket"].items()},
+         "arm_sweep": sweep,
          "date": time.strftime("%Y-%m-%d")}
   print(json.dumps(out))
 

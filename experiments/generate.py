@@ -28,7 +28,10 @@ _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _JSON = flags.DEFINE_bool("json", False, "End with one JSON line: text and token_ids.")
 _DRAFTER = flags.DEFINE_string("drafter", None, "A drafter artifact directory: serve with "
                                "speculative decoding (exact: the same output as without).")
-_DEPTH = flags.DEFINE_integer("draft_depth", 4, "Drafted tokens verified per step.")
+_DEPTH = flags.DEFINE_integer("draft_depth", 4, "Draft depth (chain length or tree levels).")
+_TREE = flags.DEFINE_list("draft_tree", None, "TOPK,NODES: draft an EAGLE-2 tree expanding the "
+                          "TOPK best nodes per level and verifying the NODES best drafts "
+                          "(default: a chain).")
 
 
 def main(argv):
@@ -47,8 +50,14 @@ def main(argv):
   extra = {}
   if _DRAFTER.value:
     drafter, _ = load_drafter(_DRAFTER.value, model)
-    spec = SpecConfig(threshold=1, arms=(Strategy("eagle", depth=_DEPTH.value),),
-                      min_accept_len=0.0)
+    if _TREE.value:
+      if len(_TREE.value) != 2:
+        raise app.UsageError(f"--draft_tree takes TOPK,NODES, got {','.join(_TREE.value)}.")
+      topk, nodes = (int(x) for x in _TREE.value)
+      arm = Strategy("tree", depth=_DEPTH.value, topk=topk, nodes=nodes)
+    else:
+      arm = Strategy("eagle", depth=_DEPTH.value)
+    spec = SpecConfig(threshold=1, arms=(arm,), min_accept_len=0.0)
     engine = RolloutEngine(model, EngineConfig(batch_buckets=(1,), max_batch=1,
                                                prefill_buckets=(max(16, len(prompt_ids)),)),
                            pad_id=tok.pad_id, spec=spec, drafter=drafter)

@@ -1,6 +1,8 @@
 """Speculative-decoding benchmark on SmolLM2-135M-Instruct with the word problems, temperature 0.9
-as in TLT. Thresholds and arms follow the measured c(B, T) in docs/BENCHMARKS.md: at batch 1-2 a
-verify of 4-8 tokens costs little more than one decode step; at batch 8 it costs 2x or more.
+as in TLT, with the cached warm-up drafter of `drafter_smollm2.py` (trained first if missing).
+Thresholds and arms follow the measured c(B, T) in docs/BENCHMARKS.md: at batch 1 a verify of
+4-8 tokens costs 1.2-1.45x a decode step and a draft step with the restricted head ~0.1x; at
+batch 4 a verify of 4-8 tokens costs 1.5-2.1x, more than the accepted length at T = 0.9 repays.
 
 Run:
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py
@@ -8,15 +10,19 @@ Run:
 
 import ml_collections
 
-from experiments.configs import bench_rollout_smollm2
+from experiments.configs import drafter_smollm2
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  c = bench_rollout_smollm2.get_config("small" if variant == "small" else "")
+  c = drafter_smollm2.get_config("small" if variant == "small" else "")
   c.spec = ml_collections.ConfigDict(dict(
-      threshold=4, rule="coupled", epsilon=0.1, window=300, min_accept_len=1.05,
-      health_window=64, seed=0, arms=(("suffix", 3, 3), ("suffix", 6, 3))))
-  c.repeats = 1
+      threshold=2, rule="coupled", epsilon=0.1, window=300, min_accept_len=1.05,
+      health_window=64, seed=0,
+      # (proposer, depth, ngram) chains; ('tree', depth, topk, nodes) EAGLE-2 trees
+      arms=(("eagle", 3, 0), ("tree", 3, 2, 4), ("tree", 4, 3, 8), ("suffix", 3, 3),
+            ("plain", 1, 0))))
+  c.repeats = 2
+  c.sweep_rows = (1, 2, 4)  # each arm alone from these live batches: speedup against batch size
   if variant and variant != "small":
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
   return c

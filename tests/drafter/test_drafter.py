@@ -10,6 +10,7 @@ from tests.spec.test_spec_engine import (PARAMS, PROMPT, V, _exact_joint, _promp
 from tests.statistics import pooled_chi_square_pvalue
 from tlt_jax.drafter.model import DrafterConfig, drafter_cache, init_drafter
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer, teacher_batch
+from tlt_jax.drafter.warmup import draft_vocabulary
 from tlt_jax.models import commit
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.sampling import SamplingParams
@@ -17,6 +18,7 @@ from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 STOPS = (7, 9, 11)
 EAGLE = (Strategy("eagle", depth=3), Strategy("eagle", depth=5))
+V_MODEL = small_config().vocab_size
 TREE = (Strategy("tree", depth=3, topk=2, nodes=5), Strategy("tree", depth=4, topk=3, nodes=12))
 
 
@@ -34,8 +36,9 @@ def test_drafter_cache_decoding_equals_its_full_forward(layers):
   np.testing.assert_allclose(jnp.concatenate([a, b], 1), full, atol=1e-5)
 
 
-def _trained_drafter(target, layers=(), steps=60):
-  """A drafter fitted to the target's own greedy rollouts (teacher forcing, TLT's loss)."""
+def _trained_drafter(target, layers=(), steps=60, vocab=0):
+  """A drafter fitted to the target's own greedy rollouts (teacher forcing, TLT's loss); `vocab`
+  > 0 restricts its draft head to the rollouts' most frequent tokens."""
   params = SamplingParams(temperature=0.0, max_new_tokens=24)
   eng = RolloutEngine(target, EngineConfig(batch_buckets=(32,), max_batch=32, precompile=False))
   prompts = _prompts(16, seed=9)
@@ -45,7 +48,8 @@ def _trained_drafter(target, layers=(), steps=60):
   mask = np.zeros((32, 40), np.float32)
   for i, s in enumerate(seqs):
     toks[i, : len(s)], mask[i, : len(s)] = s, 1
-  cfg = DrafterConfig(feature_layers=layers)
+  cfg = DrafterConfig(feature_layers=layers, draft_vocab=vocab,
+                      vocab_ids=draft_vocabulary(toks, mask, vocab, V_MODEL) if vocab else ())
   trainer = DrafterTrainer(init_drafter(target.cfg, cfg, seed=2), target,
                            DrafterTrainConfig(lr=3e-3, warmup_steps=5))
   feats, hidden = teacher_batch(target, toks, cfg)
@@ -61,9 +65,10 @@ def test_training_lowers_the_loss_and_raises_agreement():
   assert last["top1_agreement"] > first["top1_agreement"] + 0.2
 
 
-def _run(model, params, prompts, g, spec=None, drafter=None, key=0):
+def _run(model, params, prompts, g, spec=None, drafter=None, key=0, follow="lazy"):
   eng = RolloutEngine(model, EngineConfig(batch_buckets=(1, 2, 4, 8, 16), max_batch=16,
-                                          steps_per_dispatch=3, precompile=False),
+                                          steps_per_dispatch=3, precompile=False,
+                                          drafter_follow=follow),
                       spec=spec, drafter=drafter)
   return eng.generate(prompts, g, params, jax.random.key(key), capture_hidden=True), eng
 
@@ -137,3 +142,50 @@ def test_a_random_drafter_triggers_the_health_fallback():
 def init_model_untied():
   from tlt_jax.models import init_model
   return init_model(small_config(tie_embeddings=False), seed=0)
+
+
+def test_draft_vocabulary_is_the_most_frequent_tokens():
+  toks = np.array([[5, 5, 5, 2, 9, 9, 0], [9, 5, 2, 7, 7, 7, 7]])
+  mask = np.array([[1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0, 0]], np.float32)
+  # counts under the mask: 5 x4, 9 x3, 2 x2, 7 x1 (the masked-out 7s and 0 do not count)
+  assert draft_vocabulary(toks, mask, 3, 12) == (2, 5, 9)
+  with pytest.raises(ValueError, match="increasing order"):
+    DrafterConfig(draft_vocab=2, vocab_ids=(9, 5))
+
+
+@pytest.mark.parametrize("arms", [EAGLE, TREE])
+def test_a_restricted_draft_vocabulary_stays_exact(arms):
+  """Greedy and coupled SD with a drafter whose head covers a third of the vocabulary equal plain
+  decoding, and the drafter still gets drafts accepted."""
+  target = peaked_model(scale=8.0)
+  drafter = _trained_drafter(target, vocab=V_MODEL // 3)[0]
+  assert drafter.restricted and len(drafter.cfg.vocab_ids) == V_MODEL // 3
+  prompts = _prompts(6, seed=2)
+  for params in (SamplingParams(temperature=0.0, max_new_tokens=24, stop_tokens=STOPS),
+                 SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=24, stop_tokens=STOPS)):
+    plain, _ = _run(target, params, prompts, 2, key=11)
+    sd, eng = _run(target, params, prompts, 2,
+                   SpecConfig(threshold=12, rule="coupled", arms=arms, min_accept_len=0.0),
+                   drafter, key=11)
+    np.testing.assert_array_equal(sd.tokens, plain.tokens)
+    assert eng.spec.accept_len() > 1.1
+
+
+@pytest.mark.parametrize("arms", [EAGLE, TREE])
+def test_a_lazy_drafter_catches_up_when_speculation_starts(arms):
+  """Speculation switching on mid-rollout (8 rows, 3 live after 11 steps; threshold 3): the
+  lazily-following drafter,
+  fed what it missed from captured hidden states, drafts as well as one fed at every step, and
+  both decode exactly."""
+  target = peaked_model(scale=8.0)
+  drafter = _trained_drafter(target)[0]
+  params = SamplingParams(temperature=0.0, max_new_tokens=40, stop_tokens=STOPS)
+  prompts = _prompts(8, seed=4)
+  plain, _ = _run(target, params, prompts, 1)
+  spec = SpecConfig(threshold=3, arms=arms, min_accept_len=0.0)
+  accept = {}
+  for follow in ("lazy", "eager"):
+    sd, eng = _run(target, params, prompts, 1, spec, drafter, follow=follow)
+    np.testing.assert_array_equal(sd.tokens, plain.tokens)
+    accept[follow] = eng.spec.accept_len()
+  assert accept["lazy"] > 1.05 and abs(accept["lazy"] - accept["eager"]) < 0.05

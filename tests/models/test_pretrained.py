@@ -176,3 +176,12 @@ def test_generate_cli_with_a_drafter_gives_the_same_text(checkpoint, tmp_path):
   plain = last_json(run_module("experiments.generate", *args))
   sd = last_json(run_module("experiments.generate", *args, f"--drafter={tmp_path / 'drafter'}"))
   assert sd["token_ids"] == plain["token_ids"] and sd["accept_len"] >= 1.0
+  # A tree drafter with a restricted draft vocabulary, saved and loaded with it, is exact too.
+  from tlt_jax.drafter.model import DrafterConfig
+  from tlt_jax.drafter.warmup import load_drafter
+  restricted = DrafterConfig(draft_vocab=16, vocab_ids=tuple(range(3, 35, 2)))
+  save_drafter(init_drafter(model.cfg, restricted, seed=1), str(tmp_path / "tree"), {})
+  assert load_drafter(str(tmp_path / "tree"), model)[0].cfg.vocab_ids == restricted.vocab_ids
+  tree = last_json(run_module("experiments.generate", *args, f"--drafter={tmp_path / 'tree'}",
+                              "--draft_depth=3", "--draft_tree=2,4"))
+  assert tree["token_ids"] == plain["token_ids"]

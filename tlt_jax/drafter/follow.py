@@ -8,13 +8,54 @@ can switch on at any step with a drafter that is already up to date (no re-prefi
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
-from tlt_jax.drafter.model import Drafter
+from tlt_jax.drafter.model import Drafter, drafter_cache
 from tlt_jax.models import kv_cache as kvc
-from tlt_jax.rollout.sampling import SamplingParams, noise_key, processed_logprobs
+from tlt_jax.rollout.sampling import SamplingParams, argmax, noise_key, processed_logprobs
 from tlt_jax.spec import verify
+
+
+# Pairs fed per iteration when a lazily-following drafter catches up; its cache has this many
+# slots more than the target's, so that a window never writes past its end.
+CATCH_UP_WINDOW = 64
+
+
+def follow_cache(target_cfg, batch: int, cache_len: int) -> kvc.KVCache:
+  """The drafter cache that follows a target cache of `cache_len` slots."""
+  return drafter_cache(target_cfg, batch, cache_len + CATCH_UP_WINDOW)
+
+
+def catch_up(drafter: Drafter, target, st):
+  """Lazy following: feeds the drafter the pairs (response token j, feature before it) of the
+  tokens emitted since it last read (`st.dnext_B` .. `st.t_B`), from the hidden states the decode
+  state captured, `CATCH_UP_WINDOW` at a time, so that plain steps at large batch need not run
+  the drafter. A no-op (one comparison) when no row is behind, as under eager following."""
+  if st.hidden_BxNxD.shape[1] == 0 or drafter.cfg.feature_layers:
+    return st  # nothing captured, or fused features that are not: the drafter follows eagerly
+  n, w = st.tokens_BxN.shape[1], CATCH_UP_WINDOW
+  # before[j]: the target's feature before response token j (the prompt's last for j = 0).
+  before_BxNxD = jnp.concatenate([st.prompt_hidden_BxD[:, None], st.hidden_BxNxD], axis=1)
+
+  def behind(s):
+    return jnp.any(~s.done_B & (s.dnext_B < s.t_B))
+
+  def feed(s):
+    n_B = jnp.where(s.done_B, 0, jnp.clip(s.t_B - s.dnext_B, 0, w))
+    idx_BxW = jnp.minimum(s.dnext_B[:, None] + jnp.arange(w)[None], n - 1)
+    toks = jnp.take_along_axis(s.tokens_BxN, idx_BxW, axis=1)
+    feats = jnp.take_along_axis(before_BxNxD, idx_BxW[:, :, None], axis=1).astype(s.feat_BxF.dtype)
+    dcache = consume(drafter, target, s.dcache, toks, feats, n_B)
+    dnext_B = s.dnext_B + n_B
+    last_BxD = jnp.take_along_axis(before_BxNxD, jnp.minimum(dnext_B, n)[:, None, None], axis=1)
+    return dataclasses.replace(
+        s, dcache=dcache, dnext_B=dnext_B,
+        feat_BxF=jnp.where((n_B > 0)[:, None], last_BxD[:, 0].astype(s.feat_BxF.dtype),
+                           s.feat_BxF))
+  return jax.lax.while_loop(behind, feed, st)
 
 
 def consume(drafter: Drafter, target, dcache: kvc.KVCache, next_tokens_BxT, feats_BxTxF,
@@ -43,7 +84,7 @@ def draft_chain(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, k
     logq_BxR = processed_logprobs(drafter.logits(target, g)[:, 0], params)
     pos_B = t0_B + 1 + j
     if params.greedy:
-      idx_B = jnp.argmax(logq_BxR, axis=-1)
+      idx_B = argmax(logq_BxR)
     else:
       # The noise lives in the target's token space (under `coupled` it is the target's own).
       v = target.cfg.vocab_size
@@ -51,7 +92,7 @@ def draft_chain(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, k
           lambda i, t: verify.stream_key(key, i, t, verify.DRAFT_STREAM))
       g_BxV = jax.vmap(lambda i, t: jax.random.gumbel(stream(i, t), (v,), jnp.float32))(
           sample_ids_B, pos_B)
-      idx_B = jnp.argmax(logq_BxR + drafter.of_vocab(g_BxV), axis=-1)
+      idx_B = argmax(logq_BxR + drafter.of_vocab(g_BxV))
     tok_B = drafter.token_ids(idx_B).astype(jnp.int32)
     drafts.append(tok_B)
     qs.append(drafter.on_vocab(jnp.exp(logq_BxR), 0.0))
@@ -126,7 +167,7 @@ def draft_tree(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, *,
         return jax.random.gumbel(kk, (v,))
       gum = jax.vmap(lambda i, t: jax.vmap(lambda node: jax.vmap(
           lambda j: draw(i, t, node, j))(jnp.arange(k)))(front))(sample_ids_B, pos_B)
-      idx_BxMxK = jnp.argmax(logq_BxMxR[:, :, None] + drafter.of_vocab(gum), axis=-1)
+      idx_BxMxK = argmax(logq_BxMxR[:, :, None] + drafter.of_vocab(gum))
       score = jnp.take_along_axis(logq_BxMxR, idx_BxMxK, axis=-1)
     tok = drafter.token_ids(idx_BxMxK).astype(jnp.int32).reshape(b, m * k)
     cum = (fed_score[:, n_fed - m:, None] + score).reshape(b, m * k)

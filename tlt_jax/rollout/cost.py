@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 
 from tlt_jax.models import kv_cache as kvc
-from tlt_jax.rollout.sampling import SamplingParams, processed_logprobs
+from tlt_jax.rollout.sampling import SamplingParams, argmax, processed_logprobs
 
 _COST_PARAMS = SamplingParams(temperature=0.9)  # a sampled draft, as in the benchmarks
 
@@ -102,7 +102,7 @@ def drafter_step_cost(target, drafter, batch: int, tokens: int, cache_len: int, 
     g, cache = d(tgt.embed(toks), h, cache)
     logq = processed_logprobs(d.logits(tgt, g[:, -1:])[:, 0], _COST_PARAMS)
     noise = jax.random.gumbel(key, (batch, v))
-    draft = d.token_ids(jnp.argmax(logq + d.of_vocab(noise), -1))
+    draft = d.token_ids(argmax(logq + d.of_vocab(noise)))
     return draft, cache.replace(lengths_B=prefix_B)
 
   box = [drafter_cache(target.cfg, batch, cache_len).replace(lengths_B=prefix_B)]

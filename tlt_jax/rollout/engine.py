@@ -46,6 +46,11 @@ class EngineConfig:
   compile_cache_dir: str = ""
   precompile: bool = True
   suffix_corpus_len: int = 256   # tokens of earlier text per row the suffix proposer may search
+  # How an EAGLE drafter follows the target. "lazy": plain steps do not run it; a speculative
+  # step first feeds it what it missed, from captured hidden states (the drafter costs nothing
+  # before speculation starts). "eager": every step feeds it (EAGLE-3 fused features, which are
+  # not captured, always follow eagerly).
+  drafter_follow: str = "lazy"
 
   def __post_init__(self):
     if sorted(self.batch_buckets) != list(self.batch_buckets) or self.batch_buckets[0] < 1:
@@ -55,6 +60,8 @@ class EngineConfig:
                        f"{self.batch_buckets}; add a bucket >= {self.max_batch}.")
     if self.steps_per_dispatch < 1 or self.num_shards < 1 or self.cache_slack < 0:
       raise ValueError("steps_per_dispatch and num_shards must be >= 1, cache_slack >= 0.")
+    if self.drafter_follow not in ("lazy", "eager"):
+      raise ValueError(f"drafter_follow must be 'lazy' or 'eager', got {self.drafter_follow!r}.")
 
   @classmethod
   def from_dict(cls, d) -> "EngineConfig":
@@ -114,6 +121,8 @@ class RolloutEngine:
     self.drafter_features = (drafter.cfg.n_features() * model.cfg.d_model
                              if drafter is not None else 0)
     self.drafter_version = 0
+    self.lazy_follow = (drafter is not None and config.drafter_follow == "lazy"
+                        and not drafter.cfg.feature_layers)
     self.pool = ExecutablePool(cache_dir=config.compile_cache_dir,
                                fingerprint=self._fingerprint((state, dstate)))
     self._params = None
@@ -197,10 +206,10 @@ class RolloutEngine:
       if drafter is None:
         return st
       # The drafter reads the prompt too: pairs (x_{t+1}, feature_t) for t < len - 1.
-      from tlt_jax.drafter.follow import consume
-      from tlt_jax.drafter.model import drafter_cache, target_features
+      from tlt_jax.drafter.follow import consume, follow_cache
+      from tlt_jax.drafter.model import target_features
       feats = target_features(out.layers, out.hidden_BxTxD, drafter.cfg).astype(st.feat_BxF.dtype)
-      dcache = drafter_cache(cfg, u, cache_len) if shared else st.dcache
+      dcache = follow_cache(cfg, u, cache_len) if shared else st.dcache
       dcache = consume(drafter, model, dcache, prompts_UxP[:, 1:], feats[:, :-1], last_U)
       return dataclasses.replace(st, dcache=jax.tree.map(rows_of, dcache),
                                  feat_BxF=rows_of(feats[urows, last_U]))
@@ -245,7 +254,8 @@ class RolloutEngine:
     return key, build
 
   def _decode_exe(self, shard, b, cache_len, n, capture, hist, params):
-    return self._loop_exe(shard, b, cache_len, n, capture, hist, params, plain_step, "decode")
+    step = functools.partial(plain_step, follow=not self.lazy_follow)
+    return self._loop_exe(shard, b, cache_len, n, capture, hist, params, step, "decode")
 
   def _spec_exe(self, shard, b, cache_len, n, capture, hist, params, strategy):
     step = functools.partial(spec_step, strategy=strategy, rule=self.spec.config.rule)
@@ -303,6 +313,7 @@ class RolloutEngine:
     decode: the window where the drafter's spot trainer may use that device.
     """
     p_bucket, cache_len = self.validate(prompts, group_size, params)
+    capture = capture_hidden or self.lazy_follow  # a lazy drafter catches up from hidden states
     n = params.max_new_tokens
     c_len = self.cfg.suffix_corpus_len if self.spec is not None else 0
     hist = c_len + p_bucket + n + 1
@@ -337,7 +348,7 @@ class RolloutEngine:
     shard_state = [None] * self.cfg.num_shards
     for s in range(self.cfg.num_shards):
       first = [rows[r][1] for r in waves[s][0]] if waves[s] else []
-      self._schedule_precompile(s, first, cache_len, n, capture_hidden, hist, params, p_bucket)
+      self._schedule_precompile(s, first, cache_len, n, capture, hist, params, p_bucket)
 
     def start_wave(s):
       wave = waves[s].pop(0)
@@ -358,7 +369,7 @@ class RolloutEngine:
       ids_np = np.pad(np.array([rows[r][0] for r in wave], np.int32), (0, pad))
       active = np.arange(b) < len(wave)
       t0 = time.perf_counter()
-      exe = self._get(self._prefill_exe(s, b, u, p_bucket, cache_len, n, capture_hidden, hist))
+      exe = self._get(self._prefill_exe(s, b, u, p_bucket, cache_len, n, capture, hist))
       dev = self.devices[s]
       st = exe(self._weights(s), *[jax.device_put(x, dev) for x in (
           prompts_np, lens_np, src_np, ids_np, active, hist_np, hist_len, corpus_len)])
@@ -380,10 +391,10 @@ class RolloutEngine:
           continue
         arm = self.spec.choose(sh["b"], sh["live"]) if self.spec is not None else None
         if arm is None or self.spec.is_plain(arm):
-          exe = self._get(self._decode_exe(s, sh["b"], cache_len, n, capture_hidden, hist,
+          exe = self._get(self._decode_exe(s, sh["b"], cache_len, n, capture, hist,
                                            params))
         else:
-          exe = self._get(self._spec_exe(s, sh["b"], cache_len, n, capture_hidden, hist, params,
+          exe = self._get(self._spec_exe(s, sh["b"], cache_len, n, capture, hist, params,
                                          spec_arms[arm]))
         sh["arm"], sh["t0"] = arm, time.perf_counter()
         sh["state"] = exe(self._weights(s), sh["state"], key_dev[s])
@@ -420,7 +431,7 @@ class RolloutEngine:
           harvest(sh["state"], finished, sh["slots"][finished])
           filler = np.flatnonzero(done)[0]  # a done slot: padding rows must stay done
           idx = np.concatenate([live_slots, np.full(new_b - len(live_slots), filler)])
-          exe = self._get(self._compact_exe(s, sh["b"], new_b, cache_len, n, capture_hidden,
+          exe = self._get(self._compact_exe(s, sh["b"], new_b, cache_len, n, capture,
                                             hist))
           sh["state"] = exe(sh["state"], jax.device_put(idx.astype(np.int32), self.devices[s]))
           slots = sh["slots"][idx]

@@ -66,6 +66,15 @@ def processed_logprobs(logits_xV: jax.Array, params: SamplingParams) -> jax.Arra
   return jax.nn.log_softmax(logits, axis=-1)
 
 
+def argmax(x: jax.Array, axis: int = -1) -> jax.Array:
+  """`jnp.argmax` (the first index of the maximum) as two single-output reductions, which XLA
+  vectorises: ~5x faster on CPU over a 49k vocabulary than its variadic (value, index) reduce,
+  and every sampled token, verification and draft takes one. int32; x must not hold NaN."""
+  m = jnp.max(x, axis=axis, keepdims=True)
+  iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis % x.ndim)
+  return jnp.min(jnp.where(x == m, iota, x.shape[axis]), axis=axis)
+
+
 def noise_key(key: jax.Array, sample_id, position) -> jax.Array:
   """The key of sample `sample_id` at response position `position`."""
   return jax.random.fold_in(jax.random.fold_in(key, sample_id), position)
@@ -82,9 +91,9 @@ def sample_from_logprobs(logp_BxV: jax.Array, params: SamplingParams, key: jax.A
                          sample_ids_B: jax.Array, positions_B: jax.Array) -> jax.Array:
   """Gumbel-max draw from processed log-probs (argmax when greedy)."""
   if params.greedy:
-    return jnp.argmax(logp_BxV, axis=-1).astype(jnp.int32)
+    return argmax(logp_BxV)
   g_BxV = gumbel_noise(key, sample_ids_B, positions_B, logp_BxV.shape[-1])
-  return jnp.argmax(logp_BxV + g_BxV, axis=-1).astype(jnp.int32)
+  return argmax(logp_BxV + g_BxV)
 
 
 def sample(logits_BxV: jax.Array, params: SamplingParams, key: jax.Array, sample_ids_B: jax.Array,

@@ -41,6 +41,7 @@ class DecodeState:
   spec_tokens_B: jax.Array    # tokens those steps emitted
   dcache: kvc.KVCache | None = None   # the drafter's cache (see drafter/follow.py), if any
   feat_BxF: jax.Array | None = None   # target feature of the last fed token, for the drafter
+  dnext_B: jax.Array | None = None    # response tokens the drafter has consumed (lazy following)
 
 
 def empty_state(cfg, b: int, cache_len: int, n: int, capture: bool, history: int,
@@ -49,9 +50,9 @@ def empty_state(cfg, b: int, cache_len: int, n: int, capture: bool, history: int
   i32 = lambda: jnp.zeros((b,), jnp.int32)
   extra = {}
   if drafter_features:
-    from tlt_jax.drafter.model import drafter_cache
-    extra = dict(dcache=drafter_cache(cfg, b, cache_len),
-                 feat_BxF=jnp.zeros((b, drafter_features), jnp.dtype(cfg.dtype)))
+    from tlt_jax.drafter.follow import follow_cache
+    extra = dict(dcache=follow_cache(cfg, b, cache_len),
+                 feat_BxF=jnp.zeros((b, drafter_features), jnp.dtype(cfg.dtype)), dnext_B=i32())
   return DecodeState(**extra,
       cache=kvc.init_cache(cfg, b, cache_len), logits_BxV=jnp.zeros((b, cfg.vocab_size)),
       pending_B=jnp.full((b,), -1, jnp.int32), sample_id_B=i32(), t_B=i32(),
@@ -119,7 +120,7 @@ def follow_drafter(model, drafter, old: DecodeState, new: DecodeState, out, inpu
                    inputs_BxT[:, first:], before_BxTxF[:, first:], jnp.maximum(keep_B - first, 0))
   rows = jnp.arange(keep_B.shape[0])
   last_BxF = feats_BxTxF[rows, jnp.maximum(keep_B - 1, 0)]
-  return dataclasses.replace(new, dcache=dcache,
+  return dataclasses.replace(new, dcache=dcache, dnext_B=new.t_B,
                              feat_BxF=jnp.where((keep_B > 0)[:, None], last_BxF, old.feat_BxF))
 
 
@@ -128,8 +129,9 @@ def needs_layers(drafter) -> bool:
 
 
 def plain_step(model, drafter, st: DecodeState, params: SamplingParams, key, stop_ids, n: int,
-               pad_id: int) -> DecodeState:
-  """One token per live row: sample, record, feed, commit (and keep the drafter in step)."""
+               pad_id: int, follow: bool = True) -> DecodeState:
+  """One token per live row: sample, record, feed, commit (and keep the drafter in step, unless
+  `follow` is off: lazy following, where `drafter.follow.catch_up` feeds it when it is needed)."""
   live_B = ~st.done_B
   tok_B, lp_B = next_token(st, params, key)
   tok_B = jnp.where(live_B, tok_B, pad_id)
@@ -140,4 +142,6 @@ def plain_step(model, drafter, st: DecodeState, params: SamplingParams, key, sto
       new, cache=kvc.commit(out.cache, keep_B),
       logits_BxV=jnp.where((keep_B > 0)[:, None], out.logits_BxTxV[:, 0], st.logits_BxV),
       pending_B=jnp.where(keep_B > 0, -1, st.pending_B))
+  if not follow:
+    return new
   return follow_drafter(model, drafter, st, new, out, tok_B[:, None], keep_B)

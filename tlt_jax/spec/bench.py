@@ -73,5 +73,41 @@ def compare(model, prompts, g, params: SamplingParams, engine_cfg: EngineConfig,
   }
 
 
+def _decode_s(timeline) -> float:
+  return sum(e.end - e.start for e in timeline.events
+             if e.kind == "decode" or e.kind.startswith("spec"))
+
+
+def arm_sweep(model, prompts, rows_list, params: SamplingParams, engine_cfg: EngineConfig,
+              spec: SpecConfig, key, pad_id=0, repeats=2, drafter=None) -> list[dict]:
+  """Speedup of each arm alone against plain decoding when a rollout starts at `rows` live rows
+  (the first `rows` prompts, one sample each, speculating from the first step; no bandit, no
+  fallback): the table of speedup against batch size that explains the bandit's choices. Times
+  are decode seconds (prefill is the same for both), best of `repeats` warm runs."""
+  engine_cfg = dataclasses.replace(engine_cfg, precompile=False)
+
+  def best(engine, rows):
+    engine.generate(prompts[:rows], 1, params, key)  # warm
+    runs = [engine.generate(prompts[:rows], 1, params, key) for _ in range(repeats)]
+    return runs[0], min(_decode_s(r.timeline) for r in runs)
+
+  plain_engine = RolloutEngine(model, engine_cfg, pad_id=pad_id)
+  table = []
+  for rows in rows_list:
+    plain, plain_s = best(plain_engine, rows)
+    for arm in spec.arms:
+      if arm.proposer == "plain":
+        continue
+      one = dataclasses.replace(spec, threshold=max(engine_cfg.batch_buckets), arms=(arm,),
+                                min_accept_len=0.0, epsilon=0.0)
+      engine = RolloutEngine(model, engine_cfg, pad_id=pad_id, spec=one, drafter=drafter)
+      sd, sd_s = best(engine, rows)
+      table.append({"rows": rows, "arm": arm.name, "plain_s": round(plain_s, 4),
+                    "sd_s": round(sd_s, 4), "speedup": round(plain_s / sd_s, 3),
+                    "accept_len": round(engine.spec.accept_len(), 3),
+                    "identical": bool(np.array_equal(plain.tokens, sd.tokens))})
+  return table
+
+
 def greedy_params(params: SamplingParams) -> SamplingParams:
   return dataclasses.replace(params, temperature=0.0, top_k=0, top_p=1.0)

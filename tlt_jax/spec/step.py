@@ -22,6 +22,9 @@ from tlt_jax.spec.suffix import suffix_propose
 
 def spec_step(model, drafter, st: DecodeState, params: SamplingParams, key, stop_ids, n: int,
               pad_id: int, *, strategy: Strategy, rule: str) -> DecodeState:
+  if strategy.uses_drafter:
+    from tlt_jax.drafter.follow import catch_up
+    st = catch_up(drafter, model, st)
   if strategy.proposer == "tree":
     return tree_step(model, drafter, st, params, key, stop_ids, n, pad_id, strategy=strategy,
                      rule=rule)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from tlt_jax.rollout.sampling import noise_key
+from tlt_jax.rollout.sampling import argmax, noise_key
 
 # Independent noise streams under a row's (sample, position) key.
 ACCEPT_STREAM, RESIDUAL_STREAM, DRAFT_STREAM = 1, 2, 3
@@ -39,11 +39,11 @@ def _gumbel(key_, vocab):
 def coupled_targets(logp_BxJxV, key, sample_ids_B, positions_BxJ, greedy: bool) -> jax.Array:
   """The target's own sample at each position: argmax(logp + Gumbel noise of that position)."""
   if greedy:
-    return jnp.argmax(logp_BxJxV, axis=-1).astype(jnp.int32)
+    return argmax(logp_BxJxV)
   v = logp_BxJxV.shape[-1]
   g = jax.vmap(jax.vmap(lambda i, t: _gumbel(noise_key(key, i, t), v), in_axes=(None, 0)))(
       sample_ids_B, positions_BxJ)
-  return jnp.argmax(logp_BxJxV + g, axis=-1).astype(jnp.int32)
+  return argmax(logp_BxJxV + g)
 
 
 def verify_chain_coupled(logp_BxKxV, drafts_BxK, key, sample_ids_B, t0_B, greedy: bool):
@@ -61,7 +61,7 @@ def _residual_sample(p_V, q_V, key_):
   """A draw from norm(max(0, p - q)) by Gumbel-max on its log."""
   r = jnp.maximum(p_V - q_V, 0.0)
   logr = jnp.where(r > 0, jnp.log(jnp.where(r > 0, r, 1.0)), -jnp.inf)
-  return jnp.argmax(logr + _gumbel(key_, p_V.shape[-1])).astype(jnp.int32)
+  return argmax(logr + _gumbel(key_, p_V.shape[-1]))
 
 
 def verify_chain_rejection(logp_BxKxV, drafts_BxK, q_BxKxV, key, sample_ids_B, t0_B):
@@ -107,9 +107,9 @@ def verify_tree(logp_BxNxV, tokens_BxN, parents_BxN, q_BxNxV, key, sample_ids_B,
       children = (par_N == node) & (jnp.arange(n) > 0)
       if rule == "coupled" or greedy:
         if greedy:
-          target = jnp.argmax(logp_NxV[node]).astype(jnp.int32)
+          target = argmax(logp_NxV[node])
         else:
-          target = jnp.argmax(logp_NxV[node] + _gumbel(noise_key(key, i, pos), v)).astype(jnp.int32)
+          target = argmax(logp_NxV[node] + _gumbel(noise_key(key, i, pos), v))
         hit = children & (tok_N == target)
         nxt = jnp.argmax(hit)
         ok = alive & jnp.any(hit)
