@@ -114,18 +114,15 @@ class Drafter(nnx.Module):
     b, t, _ = x.shape
     if cache is None:
       positions = jnp.broadcast_to(jnp.arange(t), (b, t))
-      mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
-      x, _ = self.layer(x, positions, lambda k, v: (*kvc.to_cache_layout(k, v), mask))
+      x, _ = self.layer(x, positions, kvc.new_tokens_mask(b, t, None))
       return self.norm(x), None
     depth_T = jnp.arange(t) if depth_T is None else depth_T
     depth_BxT = depth_T if depth_T.ndim == 2 else depth_T[None, :]  # per-row trees
     positions = cache.lengths_B[:, None] + depth_BxT
     over_B = kvc.check_write(cache, t)
-    mask = kvc.visible_mask(cache, t, tree_mask_TxT)
-
-    def kv_fn(k_new, v_new):
-      return (*kvc.write_kv(cache.k[0], cache.v[0], k_new, v_new, cache.lengths_B), mask)
-    x, (k_all, v_all) = self.layer(x, positions, kv_fn)
+    x, (k, v) = self.layer(x, positions, kvc.new_tokens_mask(b, t, tree_mask_TxT),
+                           ((cache.k[0], cache.v[0], kvc.prefix_mask(cache, t)),))
+    k_all, v_all = kvc.write_kv(cache.k[0], cache.v[0], k, v, cache.lengths_B)
     cache = cache.replace(k=(k_all,), v=(v_all,), overflow_B=cache.overflow_B | over_B)
     return self.norm(x), cache
 

@@ -1,7 +1,9 @@
 """Static-shape KV cache with per-row lengths and slack for speculative writes.
 
 Slot `j` of row `b` holds the key/value of the token at slot `j`; slots `< lengths_B[b]` are the
-committed sequence. Keys are stored `[B, K, H, S]` (slots last) and values `[B, K, S, H]`: a decode
+committed sequence. A layer attends to the committed slots and to its new tokens as two segments
+(`layers.attention`), and its new entries are written after, so the cache is read before it is
+updated in place. Keys are stored `[B, K, H, S]` (slots last) and values `[B, K, S, H]`: a decode
 step's scores and weighted sum are then plain batched matrix products over contiguous memory,
 about 8x faster on CPU at batch 16 than the `[B, S, K, H]` layout, which XLA transposes per layer. A call writes its T new tokens at slots `lengths .. lengths + T - 1` *without*
 committing them: `commit` then keeps an accepted subset (a chain prefix, or a tree path gathered
@@ -105,27 +107,18 @@ def write_kv(k_BxKxHxS: jax.Array, v_BxKxSxH: jax.Array, k_new_BxTxKxH: jax.Arra
   return _write(k_BxKxHxS, k_new, start_B, 3), _write(v_BxKxSxH, v_new, start_B, 2)
 
 
-def visible_mask(cache: KVCache, n_new: int, tree_mask_TxT: jax.Array | None) -> jax.Array:
-  """`[B, T, S]` mask: committed slots, plus the new slots that `tree_mask_TxT` allows.
+def prefix_mask(cache: KVCache, n_new: int) -> jax.Array:
+  """`[B, T, S]` mask of the committed slots, which each of the T new tokens attends to."""
+  committed_BxS = jnp.arange(cache.max_len)[None, :] < cache.lengths_B[:, None]
+  return jnp.broadcast_to(committed_BxS[:, None, :], (cache.batch, n_new, cache.max_len))
 
-  `tree_mask_TxT[t, u]` says whether new token t attends to new token u (causal when None); a
-  `[B, T, T]` mask gives each row its own tree.
-  """
-  s_S = jnp.arange(cache.max_len)
-  rel_BxS = s_S[None, :] - cache.lengths_B[:, None]
-  committed_BxS = rel_BxS < 0
+
+def new_tokens_mask(batch: int, n_new: int, tree_mask_TxT: jax.Array | None) -> jax.Array:
+  """`[B, T, T]` mask of which new tokens each new token attends to: causal when
+  `tree_mask_TxT` is None, else that tree (`[T, T]` shared, or `[B, T, T]` per row)."""
   if tree_mask_TxT is None:
-    t_T = jnp.arange(n_new)
-    new_BxTxS = (rel_BxS[:, None, :] >= 0) & (rel_BxS[:, None, :] <= t_T[None, :, None])
-  else:
-    in_range_BxS = (rel_BxS >= 0) & (rel_BxS < n_new)
-    idx_BxS = jnp.clip(rel_BxS, 0, n_new - 1)
-    if tree_mask_TxT.ndim == 2:
-      tree_BxTxS = jnp.take(tree_mask_TxT, idx_BxS, axis=1).transpose(1, 0, 2)
-    else:
-      tree_BxTxS = jnp.take_along_axis(tree_mask_TxT, idx_BxS[:, None, :], axis=2)
-    new_BxTxS = in_range_BxS[:, None, :] & tree_BxTxS
-  return committed_BxS[:, None, :] | new_BxTxS
+    tree_mask_TxT = jnp.tril(jnp.ones((n_new, n_new), bool))
+  return jnp.broadcast_to(tree_mask_TxT, (batch, n_new, n_new))
 
 
 def commit(cache: KVCache, n_accept_B: jax.Array, accept_idx_BxA: jax.Array | None = None

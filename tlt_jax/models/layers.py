@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from tlt_jax.models.config import ModelConfig
@@ -40,19 +41,30 @@ def apply_rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array, theta: float, lay
   return out.astype(x_BxTxNxH.dtype)
 
 
-def attention(q_BxTxNxH, k_BxKxHxS, v_BxKxSxH, mask_BxTxS) -> jax.Array:
-  """Grouped-query softmax attention over keys/values in the cache layout; each kv head serves
-  N // K query heads."""
+def attention(q_BxTxNxH, segments) -> jax.Array:
+  """Grouped-query softmax attention over several key/value segments, as if concatenated: each
+  is `(k [B, K, H, S], v [B, K, S, H], mask [B, T, S])` in the cache layout (e.g. the cached
+  prefix, then the new tokens). Keeping the cache a separate segment means a decode step reads
+  it before writing the new entries, so XLA updates it in place instead of copying it around
+  the write. Each kv head serves N // K query heads."""
   b, t, n, h = q_BxTxNxH.shape
-  kh = k_BxKxHxS.shape[1]
+  kh = segments[0][0].shape[1]
   q_BxKxGTxH = q_BxTxNxH.reshape(b, t, kh, n // kh, h).transpose(0, 2, 3, 1, 4).reshape(
       b, kh, -1, h)
-  scores = jnp.einsum("bkqh,bkhs->bkqs", q_BxKxGTxH, k_BxKxHxS,
-                      preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(h))
-  mask_BxGTxS = jnp.tile(mask_BxTxS, (1, n // kh, 1))
-  scores = jnp.where(mask_BxGTxS[:, None], scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v_BxKxSxH.dtype)
-  out_BxKxGTxH = jnp.einsum("bkqs,bksh->bkqh", probs, v_BxKxSxH)
+  scores = []
+  for k_BxKxHxS, _, mask_BxTxS in segments:
+    s = jnp.einsum("bkqh,bkhs->bkqs", q_BxKxGTxH, k_BxKxHxS,
+                   preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(h))
+    # Additive, not `where`: a segment masked by a constant (an empty cache in a jitted prefill)
+    # then stays data-dependent, which keeps XLA from constant-folding it (slow, at prefill size).
+    bias_BxGTxS = jnp.tile(jnp.where(mask_BxTxS, 0.0, jnp.finfo(jnp.float32).min), (1, n // kh, 1))
+    scores.append(s + bias_BxGTxS[:, None])
+  sizes = [s.shape[-1] for s in scores]
+  probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
+  out_BxKxGTxH = 0
+  for (_, v_BxKxSxH, _), p in zip(segments, jnp.split(probs, np.cumsum(sizes)[:-1], axis=-1)):
+    out_BxKxGTxH = out_BxKxGTxH + jnp.einsum("bkqs,bksh->bkqh", p.astype(v_BxKxSxH.dtype),
+                                             v_BxKxSxH)
   return out_BxKxGTxH.reshape(b, kh, n // kh, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 

@@ -34,13 +34,14 @@ class Block(nnx.Module):
     self.post_attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x_BxTxD, positions_BxT, kv_fn):
-    """`kv_fn(k_new, v_new) -> (k_all, v_all, mask_BxTxS)` supplies the attended keys/values
-    (in the cache layout, `kv_cache.to_cache_layout`)."""
+  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxT, context=()):
+    """The layer on T new tokens, which attend to each other as `mask_BxTxT` allows and to the
+    `context` segments `(k, v, mask_BxTxS)` in the cache layout (a decode step's cached prefix;
+    none in a full forward). Returns the output and the new keys and values `[B, T, K, H]`."""
     q, k, v = self.attn.qkv(self.input_norm(x_BxTxD), positions_BxT)
-    k_all, v_all, mask_BxTxS = kv_fn(k, v)
-    x_BxTxD = x_BxTxD + self.attn.out(attention(q, k_all, v_all, mask_BxTxS))
-    return x_BxTxD + self.mlp(self.post_attn_norm(x_BxTxD)), (k_all, v_all)
+    segments = (*context, (*kvc.to_cache_layout(k, v), mask_BxTxT))
+    x_BxTxD = x_BxTxD + self.attn.out(attention(q, segments))
+    return x_BxTxD + self.mlp(self.post_attn_norm(x_BxTxD)), (k, v)
 
 
 class Transformer(nnx.Module):
@@ -91,31 +92,27 @@ class Transformer(nnx.Module):
     if cache is None:
       if positions_BxT is None:
         positions_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
-      causal_TxT = jnp.tril(jnp.ones((t, t), bool)) if tree_mask_TxT is None else tree_mask_TxT
-      mask_BxTxS = jnp.broadcast_to(causal_TxT, (b, t, t))
+      mask_BxTxT = kvc.new_tokens_mask(b, t, tree_mask_TxT)
       if attend_mask_BxT is not None:
-        mask_BxTxS = mask_BxTxS & attend_mask_BxT[:, None, :]
-      kv_fns = [lambda k, v: (*kvc.to_cache_layout(k, v), mask_BxTxS)] * len(self.layers)
+        mask_BxTxT = mask_BxTxT & attend_mask_BxT[:, None, :]
+      contexts = [()] * len(self.layers)
     else:
       depth_T = jnp.arange(t) if depth_T is None else depth_T
       depth_BxT = depth_T if depth_T.ndim == 2 else depth_T[None, :]  # per-row trees
       positions_BxT = cache.lengths_B[:, None] + depth_BxT
       over_B = kvc.check_write(cache, t)
-      mask_BxTxS = kvc.visible_mask(cache, t, tree_mask_TxT)
-
-      def make_kv_fn(i):
-        def kv_fn(k_new, v_new):
-          return (*kvc.write_kv(cache.k[i], cache.v[i], k_new, v_new, cache.lengths_B),
-                  mask_BxTxS)
-        return kv_fn
-      kv_fns = [make_kv_fn(i) for i in range(len(self.layers))]
+      mask_BxTxT = kvc.new_tokens_mask(b, t, tree_mask_TxT)
+      prefix_BxTxS = kvc.prefix_mask(cache, t)
+      contexts = [((k, v, prefix_BxTxS),) for k, v in zip(cache.k, cache.v)]
 
     layer_outs = [x] if return_layers else None
     new_k, new_v = [], []
-    for block, kv_fn in zip(self.layers, kv_fns):
-      x, (k_all, v_all) = block(x, positions_BxT, kv_fn)
-      new_k.append(k_all)
-      new_v.append(v_all)
+    for i, (block, context) in enumerate(zip(self.layers, contexts)):
+      x, (k, v) = block(x, positions_BxT, mask_BxTxT, context)
+      if cache is not None:
+        k, v = kvc.write_kv(cache.k[i], cache.v[i], k, v, cache.lengths_B)
+        new_k.append(k)
+        new_v.append(v)
       if return_layers:
         layer_outs.append(x)
     hidden = self.final_norm(x)
