@@ -12,7 +12,9 @@ measured, not assumed free.
 import os
 
 # Two rollout shards need two devices; on CPU they are faked (set before jax is imported).
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_force_host_platform_device_count=2").strip()
 
 import json  # noqa: E402
 
