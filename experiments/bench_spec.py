@@ -23,8 +23,10 @@ def main(argv):
   del argv
   c = _CONFIG.value
   spec = spec_config_from_dict(c.spec)
+  # The arm sweep may try arms the bandit is not given (`sweep_arms`).
+  sweep_spec = spec_config_from_dict({**c.spec, "arms": c.get("sweep_arms") or c.spec.arms})
   drafter = None
-  if any(a.uses_drafter for a in spec.arms):  # the cached warm-up drafter of this policy
+  if any(a.uses_drafter for a in sweep_spec.arms + spec.arms):  # this policy's warm-up drafter
     drafter, meta = build_drafter(c)
     print(f"drafter: {meta['cache']}")
   w = build_workload(c, c.num_prompts, c.seed)
@@ -39,13 +41,13 @@ def main(argv):
   print(f"greedy: {json.dumps(greedy)}")
   sweep = []
   if c.get("sweep_rows"):
-    sweep = bench.arm_sweep(w.model, w.prompts, tuple(c.sweep_rows), w.params, ecfg, spec, key,
-                            w.tokenizer.pad_id, c.repeats, drafter=drafter)
+    sweep = bench.arm_sweep(w.model, w.prompts, tuple(c.sweep_rows), w.params, ecfg, sweep_spec,
+                            key, w.tokenizer.pad_id, c.repeats, drafter=drafter)
     print(f"arms alone at temperature {c.temperature}, by rows at the start:")
     print(" rows  arm                       plain s     SD s   speedup  accept  identical")
     for r in sweep:
       print(f"{r['rows']:5d}  {r['arm']:24s} {r['plain_s']:8.3f} {r['sd_s']:8.3f} "
-            f"{r['speedup']:9.3f} {r['accept_len']:7.2f}  {r['identical']}")
+            f"{r['speedup'] or float('nan'):9.3f} {r['accept_len']:7.2f}  {r['identical']}")
   out = {"model": c.model, "rule": spec.rule, "threshold": spec.threshold,
          "rows": c.num_prompts * c.group_size, "temperature": c.temperature,
          "sd_phase_speedup": sampled["sd_phase_speedup"],

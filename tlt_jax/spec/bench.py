@@ -14,19 +14,35 @@ from tlt_jax.rollout.sampling import SamplingParams
 from tlt_jax.spec.strategy import SpecConfig
 
 
-def _phase_s(timeline, threshold: int) -> float:
-  """Decode wall time spent while the live batch was <= threshold (the SD phase)."""
-  return sum(e.end - e.start for e in timeline.events
-             if (e.kind == "decode" or e.kind.startswith("spec")) and e.live <= threshold)
+def _decoding(e) -> bool:
+  return e.kind == "decode" or e.kind.startswith("spec")
 
 
-def _per_bucket(timeline, threshold: int) -> dict:
+def _by_bucket(timeline, keep) -> dict:
+  """{bucket: (decode seconds, tokens emitted)} over the decode events that `keep` selects."""
   out = {}
   for e in timeline.events:
-    if (e.kind == "decode" or e.kind.startswith("spec")) and e.live <= threshold:
+    if _decoding(e) and keep(e):
       s, t = out.get(e.bucket, (0.0, 0))
       out[e.bucket] = (s + e.end - e.start, t + e.tokens)
   return out
+
+
+def plain_equivalent_speedup(plain_timeline, sd_timeline, keep=lambda e: True) -> float | None:
+  """Seconds plain decoding would need for the tokens SD emitted ÷ the seconds SD took, over
+  the decode events `keep` selects, bucket by bucket: plain's rate at batch bucket b (tokens per
+  second) prices SD's tokens at b. Where the outputs are identical (greedy, `coupled`) this is
+  the ratio of wall times; under `rejection` the outputs (and so the lengths) differ, and a ratio
+  of wall times would measure the lengths. None when SD decoded at a bucket plain never used."""
+  plain, sd = _by_bucket(plain_timeline, keep), _by_bucket(sd_timeline, keep)
+  if not sd or any(b not in plain or plain[b][1] == 0 for b in sd):
+    return None
+  plain_s = sum(tokens * plain[b][0] / plain[b][1] for b, (_, tokens) in sd.items())
+  return plain_s / max(sum(s for s, _ in sd.values()), 1e-9)
+
+
+def _round(x: float | None) -> float | None:
+  return None if x is None else round(x, 3)
 
 
 def _best_of(engine, prompts, g, params, key, repeats):
@@ -51,17 +67,18 @@ def compare(model, prompts, g, params: SamplingParams, engine_cfg: EngineConfig,
   plain, plain_s = _best_of(plain_engine, prompts, g, params, key, repeats)
   sd_engine.spec.reset_stats()
   sd, sd_s = _best_of(sd_engine, prompts, g, params, key, repeats)
-  pb_plain, pb_sd = _per_bucket(plain.timeline, spec.threshold), _per_bucket(sd.timeline,
-                                                                              spec.threshold)
+  in_phase = lambda e: e.live <= spec.threshold
+  pb_plain, pb_sd = _by_bucket(plain.timeline, in_phase), _by_bucket(sd.timeline, in_phase)
   table = {str(b): {"plain_s": round(pb_plain[b][0], 4), "sd_s": round(pb_sd[b][0], 4),
-                    "speedup": round(pb_plain[b][0] / pb_sd[b][0], 3) if pb_sd[b][0] else None}
+                    "speedup": _round(plain_equivalent_speedup(
+                        plain.timeline, sd.timeline, lambda e, b=b: in_phase(e) and e.bucket == b))}
            for b in sorted(set(pb_plain) & set(pb_sd))}
   summary = sd_engine.spec.summary()
   return {
       "identical": bool(np.array_equal(plain.tokens, sd.tokens)),
-      "rollout_speedup": round(plain_s / sd_s, 3),
-      "sd_phase_speedup": round(_phase_s(plain.timeline, spec.threshold)
-                                / max(_phase_s(sd.timeline, spec.threshold), 1e-9), 3),
+      # Whole rollouts: tokens per second (the ratio of wall times where outputs are identical).
+      "rollout_speedup": round((sd.timeline.tokens / sd_s) / (plain.timeline.tokens / plain_s), 3),
+      "sd_phase_speedup": _round(plain_equivalent_speedup(plain.timeline, sd.timeline, in_phase)),
       "accept_len": summary["accept_len"],
       "chosen_per_bucket": summary["chosen_per_bucket"],
       "accept_len_per_arm": summary["accept_len_per_arm"],
@@ -73,9 +90,8 @@ def compare(model, prompts, g, params: SamplingParams, engine_cfg: EngineConfig,
   }
 
 
-def _decode_s(timeline) -> float:
-  return sum(e.end - e.start for e in timeline.events
-             if e.kind == "decode" or e.kind.startswith("spec"))
+def _decode_s(result) -> float:
+  return sum(e.end - e.start for e in result.timeline.events if _decoding(e))
 
 
 def arm_sweep(model, prompts, rows_list, params: SamplingParams, engine_cfg: EngineConfig,
@@ -89,21 +105,22 @@ def arm_sweep(model, prompts, rows_list, params: SamplingParams, engine_cfg: Eng
   def best(engine, rows):
     engine.generate(prompts[:rows], 1, params, key)  # warm
     runs = [engine.generate(prompts[:rows], 1, params, key) for _ in range(repeats)]
-    return runs[0], min(_decode_s(r.timeline) for r in runs)
+    return min(runs, key=_decode_s)
 
   plain_engine = RolloutEngine(model, engine_cfg, pad_id=pad_id)
   table = []
   for rows in rows_list:
-    plain, plain_s = best(plain_engine, rows)
+    plain = best(plain_engine, rows)
     for arm in spec.arms:
       if arm.proposer == "plain":
         continue
       one = dataclasses.replace(spec, threshold=max(engine_cfg.batch_buckets), arms=(arm,),
                                 min_accept_len=0.0, epsilon=0.0)
       engine = RolloutEngine(model, engine_cfg, pad_id=pad_id, spec=one, drafter=drafter)
-      sd, sd_s = best(engine, rows)
-      table.append({"rows": rows, "arm": arm.name, "plain_s": round(plain_s, 4),
-                    "sd_s": round(sd_s, 4), "speedup": round(plain_s / sd_s, 3),
+      sd = best(engine, rows)
+      table.append({"rows": rows, "arm": arm.name, "plain_s": round(_decode_s(plain), 4),
+                    "sd_s": round(_decode_s(sd), 4),
+                    "speedup": _round(plain_equivalent_speedup(plain.timeline, sd.timeline)),
                     "accept_len": round(engine.spec.accept_len(), 3),
                     "identical": bool(np.array_equal(plain.tokens, sd.tokens))})
   return table
