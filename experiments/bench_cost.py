@@ -5,13 +5,15 @@ draft vocabulary), and the machine's floors; last line one JSON object.
 """
 
 import json
+from math import nan
 
 from absl import app
 from ml_collections import config_flags
 
 from tlt_jax.models.pretrained import load_policy
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
-from tlt_jax.rollout.cost import cost_table, drafter_cost_table, machine_floors, param_bytes
+from tlt_jax.rollout.cost import (cost_table, drafter_cost_table, machine_floors,
+                                  matmul_only_cost, param_bytes)
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_cost.py")
 
@@ -29,8 +31,14 @@ def main(argv):
   print("   B    T        ms   us/row-token   c(B,T)/c(B,1)")
   base = {r["B"]: r["ms"] for r in table if r["T"] == 1}
   for r in table:
-    ratio = r["ms"] / base[r["B"]] if r["B"] in base else float("nan")
+    ratio = r["ms"] / base.get(r["B"], nan)
     print(f"{r['B']:4d} {r['T']:4d} {r['ms']:9.3f} {r['us_per_token']:14.2f} {ratio:15.2f}")
+  # The same moment's split of c(B, 1): the step's matrix products alone, then everything else.
+  matmul_only = {b: round(1e3 * matmul_only_cost(model, b, c.iters), 3) for b in c.batches}
+  print("   B   c(B,1) ms   matrix products alone ms   x floor   rest of the step ms")
+  for b, ms in matmul_only.items():
+    step = base.get(b, nan)
+    print(f"{b:4d} {step:11.3f} {ms:26.3f} {ms / floor_ms:9.2f} {step - ms:21.3f}")
   drafter_tables = {}
   for vocab in c.drafter_vocabs:
     drafter = cost_drafter(model, vocab)
@@ -43,6 +51,7 @@ def main(argv):
       print(f"{r['B']:4d} {r['T']:4d} {r['ms']:9.3f} {r['ms'] / base[r['B']]:12.2f}")
   print(json.dumps({"model": c.model, "weight_bytes": weights, **floors,
                     "floor_ms_b1": round(floor_ms, 3), "table": table,
+                    "matmul_only_ms": matmul_only,
                     "drafter": drafter_tables}))
 
 

@@ -11,7 +11,7 @@ the short SD phase on them.
 
 Run (the `rejection` variant speculates with the rejection rule instead of `coupled`; its outputs
 differ from plain sampling's, so its speedups price SD's tokens at plain decoding's measured rate
-per batch bucket, see `spec.bench.plain_equivalent_speedup`):
+per batch bucket, see `spec.bench.sd_speedup`):
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py:rejection
 """

@@ -74,6 +74,30 @@ def step_cost(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 6
   return _median_time(run, iters)
 
 
+def matmul_only_cost(model, batch: int, iters: int = 10) -> float:
+  """Median seconds of one decode step's matrix products alone, on the model's own weights: each
+  layer's q/k/v/o and MLP projections and the LM head for `batch` rows of one token, chained as
+  in the step (q, k and v from the same input, the MLP after the attention output) but with no
+  attention, norms, rotary embedding, cache write or sampling. It splits c(B, 1) into what
+  XLA:CPU's matrix-vector products cost against the weight-read floor, and what the rest of the
+  step adds on top."""
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def step(state, x_BxD):
+    m = nnx.merge(graphdef, state)
+    for block in m.layers:
+      a = block.attn
+      mixed = (a.q_proj(x_BxD) + jnp.sum(a.k_proj(x_BxD), -1, keepdims=True)
+               + jnp.sum(a.v_proj(x_BxD), -1, keepdims=True))
+      x_BxD = x_BxD + a.o_proj(mixed)
+      x_BxD = x_BxD + block.mlp(x_BxD)
+    return m.head(x_BxD[:, None])
+
+  x = jnp.ones((batch, model.cfg.d_model), jnp.dtype(model.cfg.dtype))
+  return _median_time(lambda: step(state, x), iters)
+
+
 def cost_table(model, batches, tokens, cache_len: int, iters: int = 10) -> list[dict]:
   """c(B, T) for every pair, in milliseconds, with the per-row-token cost."""
   rows = []

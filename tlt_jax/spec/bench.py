@@ -28,17 +28,27 @@ def _by_bucket(timeline, keep) -> dict:
   return out
 
 
-def plain_equivalent_speedup(plain_timeline, sd_timeline, keep=lambda e: True) -> float | None:
-  """Seconds plain decoding would need for the tokens SD emitted ÷ the seconds SD took, over
-  the decode events `keep` selects, bucket by bucket: plain's rate at batch bucket b (tokens per
-  second) prices SD's tokens at b. Where the outputs are identical (greedy, `coupled`) this is
-  the ratio of wall times; under `rejection` the outputs (and so the lengths) differ, and a ratio
-  of wall times would measure the lengths. None when SD decoded at a bucket plain never used."""
-  plain, sd = _by_bucket(plain_timeline, keep), _by_bucket(sd_timeline, keep)
-  if not sd or any(b not in plain or plain[b][1] == 0 for b in sd):
+def _decode_s(result, keep=lambda e: True) -> float:
+  return sum(s for s, _ in _by_bucket(result.timeline, keep).values())
+
+
+def sd_speedup(plain, sd, keep=lambda e: True) -> float | None:
+  """Plain ÷ SD decode seconds over the events `keep` selects, for two rollouts of the same
+  prompts and key. Where the outputs are identical (greedy, `coupled`) that is the ratio of
+  times over the same tokens. Under `rejection` the outputs, and so the lengths, differ, and a
+  ratio of times would measure the lengths: SD's tokens at each batch bucket are then priced at
+  plain decoding's rate at that bucket (tokens per second over all its decode events there).
+  None when SD took no time, or decoded at a bucket plain never decoded at."""
+  sd_s = _decode_s(sd, keep)
+  if sd_s <= 0:
     return None
-  plain_s = sum(tokens * plain[b][0] / plain[b][1] for b, (_, tokens) in sd.items())
-  return plain_s / max(sum(s for s, _ in sd.values()), 1e-9)
+  if np.array_equal(plain.tokens, sd.tokens):
+    return _decode_s(plain, keep) / sd_s
+  rate = {b: t / s for b, (s, t) in _by_bucket(plain.timeline, lambda e: True).items() if t}
+  sd_tokens = {b: t for b, (_, t) in _by_bucket(sd.timeline, keep).items()}
+  if any(b not in rate for b in sd_tokens):
+    return None
+  return sum(t / rate[b] for b, t in sd_tokens.items()) / sd_s
 
 
 def _round(x: float | None) -> float | None:
@@ -69,16 +79,16 @@ def compare(model, prompts, g, params: SamplingParams, engine_cfg: EngineConfig,
   sd, sd_s = _best_of(sd_engine, prompts, g, params, key, repeats)
   in_phase = lambda e: e.live <= spec.threshold
   pb_plain, pb_sd = _by_bucket(plain.timeline, in_phase), _by_bucket(sd.timeline, in_phase)
-  table = {str(b): {"plain_s": round(pb_plain[b][0], 4), "sd_s": round(pb_sd[b][0], 4),
-                    "speedup": _round(plain_equivalent_speedup(
-                        plain.timeline, sd.timeline, lambda e, b=b: in_phase(e) and e.bucket == b))}
-           for b in sorted(set(pb_plain) & set(pb_sd))}
+  table = {str(b): {"plain_s": round(pb_plain.get(b, (0.0,))[0], 4), "sd_s": round(s, 4),
+                    "speedup": _round(sd_speedup(
+                        plain, sd, lambda e, b=b: in_phase(e) and e.bucket == b))}
+           for b, (s, _) in sorted(pb_sd.items())}
   summary = sd_engine.spec.summary()
   return {
       "identical": bool(np.array_equal(plain.tokens, sd.tokens)),
       # Whole rollouts: tokens per second (the ratio of wall times where outputs are identical).
       "rollout_speedup": round((sd.timeline.tokens / sd_s) / (plain.timeline.tokens / plain_s), 3),
-      "sd_phase_speedup": _round(plain_equivalent_speedup(plain.timeline, sd.timeline, in_phase)),
+      "sd_phase_speedup": _round(sd_speedup(plain, sd, in_phase)),
       "accept_len": summary["accept_len"],
       "chosen_per_bucket": summary["chosen_per_bucket"],
       "accept_len_per_arm": summary["accept_len_per_arm"],
@@ -88,10 +98,6 @@ def compare(model, prompts, g, params: SamplingParams, engine_cfg: EngineConfig,
       "per_bucket": table,
       "length_p50": float(np.percentile(sd.lengths, 50)), "length_max": int(sd.lengths.max()),
   }
-
-
-def _decode_s(result) -> float:
-  return sum(e.end - e.start for e in result.timeline.events if _decoding(e))
 
 
 def arm_sweep(model, prompts, rows_list, params: SamplingParams, engine_cfg: EngineConfig,
@@ -120,7 +126,7 @@ def arm_sweep(model, prompts, rows_list, params: SamplingParams, engine_cfg: Eng
       sd = best(engine, rows)
       table.append({"rows": rows, "arm": arm.name, "plain_s": round(_decode_s(plain), 4),
                     "sd_s": round(_decode_s(sd), 4),
-                    "speedup": _round(plain_equivalent_speedup(plain.timeline, sd.timeline)),
+                    "speedup": _round(sd_speedup(plain, sd)),
                     "accept_len": round(engine.spec.accept_len(), 3),
                     "identical": bool(np.array_equal(plain.tokens, sd.tokens))})
   return table
