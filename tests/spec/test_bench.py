@@ -21,12 +21,14 @@ def _rollout(tokens, events):
 
 def test_identical_outputs_give_the_ratio_of_decode_times():
   plain = _rollout([1, 2], [("prefill", 4, 4, 9.0, 0), ("decode", 4, 4, 1.0, 32),
-                            ("decode", 2, 2, 2.0, 16), ("decode", 1, 1, 3.0, 24)])
+                            ("decode", 2, 2, 5.0, 40)])
   # SD reaches bucket 1 where plain, syncing at other steps, never decoded: still a time ratio.
   sd = _rollout([1, 2], [("decode", 4, 4, 1.0, 32), ("compact", 1, 1, 5.0, 0),
                          ("spec:eagle_d3", 2, 2, 1.0, 30), ("spec:eagle_d3", 1, 1, 2.0, 10)])
   assert sd_speedup(plain, sd) == pytest.approx(6.0 / 4.0)
   assert sd_speedup(plain, sd, lambda e: e.live <= 2) == pytest.approx(5.0 / 3.0)
+  # Plain spent no time at bucket 1 (its last two rows ended in one dispatch): no ratio there.
+  assert sd_speedup(plain, sd, lambda e: e.bucket == 1) is None
 
 
 def test_different_outputs_are_priced_at_plain_rates_per_bucket():

@@ -38,12 +38,13 @@ def sd_speedup(plain, sd, keep=lambda e: True) -> float | None:
   times over the same tokens. Under `rejection` the outputs, and so the lengths, differ, and a
   ratio of times would measure the lengths: SD's tokens at each batch bucket are then priced at
   plain decoding's rate at that bucket (tokens per second over all its decode events there).
-  None when SD took no time, or decoded at a bucket plain never decoded at."""
+  None when either took no time there, or SD decoded at a bucket plain never decoded at."""
   sd_s = _decode_s(sd, keep)
   if sd_s <= 0:
     return None
   if np.array_equal(plain.tokens, sd.tokens):
-    return _decode_s(plain, keep) / sd_s
+    plain_s = _decode_s(plain, keep)
+    return plain_s / sd_s if plain_s > 0 else None
   rate = {b: t / s for b, (s, t) in _by_bucket(plain.timeline, lambda e: True).items() if t}
   sd_tokens = {b: t for b, (_, t) in _by_bucket(sd.timeline, keep).items()}
   if any(b not in rate for b in sd_tokens):
