@@ -14,7 +14,7 @@ from absl import app
 from ml_collections import config_flags
 
 from tlt_jax.rollout import bench
-from tlt_jax.rollout.cost import machine_floors, param_bytes, step_cost
+from tlt_jax.rollout.cost import step_against_floor
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.workloads import build_workload
 
@@ -64,10 +64,7 @@ def main(argv):
                              w.tokenizer.pad_id)
       print(f"batch {b}: engine {r['engine_s']} s vs HF {r['hf_s']} s")
       out[f"engine_vs_hf_b{b}"] = r["ratio"]
-    floors = machine_floors()
-    out["step_ms_b1"] = round(1e3 * step_cost(w.model, 1, 1, 512, iters=10), 2)
-    out["floor_ms_b1"] = round(1e3 * param_bytes(w.model) / (floors["bandwidth_gb_s"] * 1e9), 2)
-    out["bandwidth_gb_s"] = floors["bandwidth_gb_s"]
+    out.update(step_against_floor(w.model, 512))
   out["date"] = time.strftime("%Y-%m-%d")
   print(json.dumps(out))
 

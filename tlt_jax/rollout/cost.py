@@ -19,31 +19,65 @@ from tlt_jax.rollout.sampling import SamplingParams, argmax, processed_logprobs
 _COST_PARAMS = SamplingParams(temperature=0.9)  # a sampled draft, as in the benchmarks
 
 
-def _median_time(fn, iters: int) -> float:
+def _times(fn, iters: int) -> np.ndarray:
   fn()  # compile and warm
   times = []
   for _ in range(iters):
     t0 = time.perf_counter()
     jax.block_until_ready(fn())
     times.append(time.perf_counter() - t0)
-  return float(np.median(times))
+  return np.asarray(times)
+
+
+def _median_time(fn, iters: int) -> float:
+  return float(np.median(_times(fn, iters)))
+
+
+_SUM = jax.jit(jnp.sum)
+_MATVEC = jax.jit(lambda w, v: v @ w)
+
+
+def _read_times(mbytes: int, iters: int) -> tuple[np.ndarray, np.ndarray, int]:
+  """Per-iteration seconds to read `mbytes` by a large sum and by a large matrix-vector product
+  (the decode step's own pattern), and the bytes read."""
+  x = jnp.ones((mbytes * 1024 * 1024 // 4,), jnp.float32)
+  w, v = x.reshape(8192, -1), jnp.ones((1, 8192), jnp.float32)
+  t_sum = _times(lambda: _SUM(x), iters)
+  t_mv = _times(lambda: _MATVEC(w, v), iters)
+  return t_sum, t_mv, x.nbytes
 
 
 def machine_floors(mbytes: int = 512, n: int = 2048, iters: int = 5) -> dict:
-  """Measured read bandwidth (GB/s: the best of a large sum and a large matrix-vector product,
-  the decode step's own pattern) and f32 matmul GFLOP/s."""
-  x = jnp.ones((mbytes * 1024 * 1024 // 4,), jnp.float32)
-  total = jax.jit(jnp.sum)
-  t_sum = _median_time(lambda: total(x), iters)
-  w = x.reshape(8192, -1)
-  v = jnp.ones((1, 8192), jnp.float32)
-  matvec = jax.jit(lambda w, v: v @ w)
-  t_mv = _median_time(lambda: matvec(w, v), iters)
-  bandwidth = x.nbytes / min(t_sum, t_mv) / 1e9
+  """Measured read bandwidth (GB/s: the faster of the median sum and the median matrix-vector
+  product, see `_read_times`) and f32 matmul GFLOP/s."""
+  t_sum, t_mv, nbytes = _read_times(mbytes, iters)
+  bandwidth = nbytes / min(np.median(t_sum), np.median(t_mv)) / 1e9
   a = jnp.ones((n, n), jnp.float32)
   mm = jax.jit(lambda a: a @ a)
   t = _median_time(lambda: mm(a), iters)
   return {"bandwidth_gb_s": round(bandwidth, 2), "matmul_gflop_s": round(2 * n ** 3 / t / 1e9, 1)}
+
+
+def step_against_floor(model, cache_len: int, rounds: int = 5, iters: int = 10) -> dict:
+  """A decode step at batch 1, c(1, 1), against the weight-read floor (bytes of weights ÷ read
+  bandwidth), the two measured in alternating rounds so that both see the same moments of a
+  shared machine. Each is reported as its fastest reading (load on a shared machine only ever
+  adds time, so the minimum is the least disturbed one) and as the median of its rounds'
+  medians; milliseconds."""
+  weights = param_bytes(model)
+  floor_min, floor_med, step_min, step_med = [], [], [], []
+  for _ in range(rounds):
+    t_sum, t_mv, nbytes = _read_times(512, 5)
+    floor_min.append(weights / nbytes * min(t_sum.min(), t_mv.min()))
+    floor_med.append(weights / nbytes * min(np.median(t_sum), np.median(t_mv)))
+    t_step = step_times(model, 1, 1, cache_len, iters=iters)
+    step_min.append(t_step.min())
+    step_med.append(np.median(t_step))
+  ms = lambda x: round(1e3 * float(x), 2)
+  return {"step_ms_b1": ms(min(step_min)), "floor_ms_b1": ms(min(floor_min)),
+          "step_ms_b1_median": ms(np.median(step_med)),
+          "floor_ms_b1_median": ms(np.median(floor_med)),
+          "bandwidth_gb_s": round(float(weights / min(floor_min) / 1e9), 2)}
 
 
 def param_bytes(model) -> int:
@@ -52,9 +86,15 @@ def param_bytes(model) -> int:
 
 def step_cost(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 64,
               iters: int = 10) -> float:
-  """Median seconds of one jitted cached step: `tokens` new tokens for each of `batch` rows,
-  over a committed prefix of `prefix` tokens, followed by a commit (as a decode or a verify).
-  The cache is donated and updated in place, as in the engine."""
+  """Median seconds of one jitted cached step (see `step_times`)."""
+  return float(np.median(step_times(model, batch, tokens, cache_len, prefix=prefix, iters=iters)))
+
+
+def step_times(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 64,
+               iters: int = 10) -> np.ndarray:
+  """Seconds of `iters` calls of one jitted cached step: `tokens` new tokens for each of `batch`
+  rows, over a committed prefix of `prefix` tokens, followed by a commit (as a decode or a
+  verify). The cache is donated and updated in place, as in the engine."""
   graphdef, state = nnx.split(model)
   cfg = model.cfg
   prefix_B = jnp.full((batch,), prefix, jnp.int32)
@@ -71,7 +111,7 @@ def step_cost(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 6
   def run():
     logits, box[0] = step(state, box[0], toks)
     return logits
-  return _median_time(run, iters)
+  return _times(run, iters)
 
 
 def matmul_only_cost(model, batch: int, iters: int = 10) -> float:
