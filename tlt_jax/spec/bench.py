@@ -1,6 +1,7 @@
 """Speculative-decoding benchmark: the engine with SD against the same engine without it (the
 plain engine's best mode: same buckets, compaction and steps per dispatch), warm, same prompts and
-keys. Speed is a ratio of wall times measured in one process."""
+keys. Speed is a ratio of decode times measured in one process (see `sd_speedup` for the
+`rejection` rule, whose outputs differ from plain decoding's)."""
 
 from __future__ import annotations
 
@@ -106,7 +107,8 @@ def arm_sweep(model, prompts, rows_list, params: SamplingParams, engine_cfg: Eng
   """Speedup of each arm alone against plain decoding when a rollout starts at `rows` live rows
   (the first `rows` prompts, one sample each, speculating from the first step; no bandit, no
   fallback): the table of speedup against batch size that explains the bandit's choices. Times
-  are decode seconds (prefill is the same for both), best of `repeats` warm runs."""
+  are decode seconds (prefill is the same for both), best of `repeats` warm runs; speedups are
+  `sd_speedup`'s."""
   engine_cfg = dataclasses.replace(engine_cfg, precompile=False)
 
   def best(engine, rows):
