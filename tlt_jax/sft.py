@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from tlt_jax.checkpoint import CheckpointError, Checkpointer
 from tlt_jax.models import Transformer, get_preset, init_model
+from tlt_jax.models.transformer import PARAM_LAYOUT
 from tlt_jax.tasks import arithmetic
 from tlt_jax.tasks.tokenizer import CharTokenizer
 
@@ -37,6 +38,7 @@ def default_cache_dir() -> str:
 def _fingerprint(config: ml_collections.ConfigDict) -> str:
   keys = {k: config[k].to_dict() if hasattr(config[k], "to_dict") else config[k]
           for k in ("model", "task", "train", "seed")}
+  keys["param_layout"] = PARAM_LAYOUT
   return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
 
 

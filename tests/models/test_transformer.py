@@ -92,14 +92,15 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
   gqa = init_model(small_config(n_heads=4, n_kv_heads=2, qkv_bias=True), seed=3)
   mha = init_model(small_config(n_heads=4, n_kv_heads=4, qkv_bias=True), seed=4)
   h = gqa.cfg.hd
+  nq, nk = 4 * h, 2 * h
+  repeat = lambda w: jnp.repeat(w.reshape(*w.shape[:-1], 2, h), 2, axis=-2).reshape(
+      *w.shape[:-1], -1)
   for lg, lm in zip(gqa.layers, mha.layers):
-    for name in ("q_proj", "o_proj"):
-      setattr(lm.attn, name, getattr(lg.attn, name))
-    for name in ("k_proj", "v_proj"):
-      src = getattr(lg.attn, name)
-      w = src.kernel[...].reshape(-1, 2, h)
-      getattr(lm.attn, name).kernel[...] = jnp.repeat(w, 2, axis=1).reshape(w.shape[0], -1)
-      getattr(lm.attn, name).bias[...] = jnp.repeat(src.bias[...].reshape(2, h), 2, 0).reshape(-1)
+    for name in ("kernel", "bias"):  # q as is, each kv head's k and v columns repeated twice
+      w = getattr(lg.attn.qkv_proj, name)[...]
+      getattr(lm.attn.qkv_proj, name)[...] = jnp.concatenate(
+          [w[..., :nq], repeat(w[..., nq:nq + nk]), repeat(w[..., nq + nk:])], axis=-1)
+    lm.attn.o_proj = lg.attn.o_proj
     lm.input_norm, lm.post_attn_norm, lm.mlp = lg.input_norm, lg.post_attn_norm, lg.mlp
   mha.embed, mha.final_norm = gqa.embed, gqa.final_norm
   toks = _rand_tokens(7, 2, 10)
@@ -118,10 +119,11 @@ def test_interleaved_rope_with_permuted_weights_equals_half_rope():
   cfg = half.cfg
   nnx.update(inter, nnx.state(half))
   for lh, li in zip(half.layers, inter.layers):
-    li.attn.q_proj.kernel[...] = _half_to_interleaved(lh.attn.q_proj.kernel[...], cfg.n_heads,
-                                                      cfg.hd)
-    li.attn.k_proj.kernel[...] = _half_to_interleaved(lh.attn.k_proj.kernel[...], cfg.n_kv_heads,
-                                                      cfg.hd)
+    w = lh.attn.qkv_proj.kernel[...]
+    nq, nk = cfg.n_heads * cfg.hd, cfg.n_kv_heads * cfg.hd
+    li.attn.qkv_proj.kernel[...] = jnp.concatenate(
+        [_half_to_interleaved(w[:, :nq], cfg.n_heads, cfg.hd),
+         _half_to_interleaved(w[:, nq:nq + nk], cfg.n_kv_heads, cfg.hd), w[:, nq + nk:]], axis=1)
   toks = _rand_tokens(8, 2, 10)
   np.testing.assert_allclose(half(toks).logits_BxTxV, inter(toks).logits_BxTxV, atol=1e-5)
   # And the layouts really differ without the permutation.

@@ -1,10 +1,14 @@
-"""The cost model's step-against-floor reading: fastest and median readings, consistent units."""
+"""The cost model: step-against-floor readings (fastest and median, consistent units) and the
+matrix-product chain on fused and separate kernels."""
 
+import jax
+import numpy as np
 import pytest
 
 from tests.conftest import small_config
 from tlt_jax.models import init_model
-from tlt_jax.rollout.cost import matmul_only_cost, param_bytes, step_against_floor
+from tlt_jax.rollout.cost import (matmul_only_cost, param_bytes, product_chain,
+                                  step_against_floor)
 
 
 def test_step_against_floor_reports_fastest_and_median_readings():
@@ -18,5 +22,21 @@ def test_step_against_floor_reports_fastest_and_median_readings():
   assert out["floor_ms_b1"] == pytest.approx(floor_ms, rel=0.05, abs=0.01)
 
 
-def test_matmul_only_cost_runs_the_model_weights(small_model):
-  assert matmul_only_cost(small_model, batch=2, iters=2) > 0
+@pytest.mark.parametrize("tied", [True, False])
+def test_product_chain_is_the_same_function_on_fused_and_separate_kernels(tied):
+  model = init_model(small_config(tie_embeddings=tied), seed=1)
+  x = jax.random.normal(jax.random.key(0), (2, model.cfg.d_model))
+  (fused, fused_args), (sep, sep_args) = product_chain(model, True), product_chain(model, False)
+  assert [len(k[0]) + len(k[2]) for k in fused_args[0]] == [2] * model.cfg.n_layers
+  assert [len(k[0]) + len(k[2]) for k in sep_args[0]] == [5] * model.cfg.n_layers
+  out = fused(*fused_args, x)
+  assert out.shape == (2, model.cfg.vocab_size)
+  np.testing.assert_allclose(out, sep(*sep_args, x), rtol=1e-5, atol=1e-5)
+  # The same products through the model's own modules (its MLP and head included).
+  nq, ref = model.cfg.n_heads * model.cfg.hd, x
+  for blk in model.layers:
+    qkv = blk.attn.qkv_proj(ref)
+    ref = ref + blk.attn.o_proj(qkv[:, :nq] + qkv[:, nq:].sum(-1, keepdims=True))
+    ref = ref + blk.mlp(ref)
+  np.testing.assert_allclose(out, model.head(ref[:, None])[:, 0], rtol=1e-5, atol=1e-5)
+  assert matmul_only_cost(model, batch=2, iters=2, fused=False) > 0

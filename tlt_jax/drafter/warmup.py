@@ -23,6 +23,7 @@ from tqdm import tqdm
 from tlt_jax.checkpoint import Checkpointer
 from tlt_jax.drafter.model import Drafter, DrafterConfig, init_drafter
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer, teacher_batch
+from tlt_jax.models.transformer import PARAM_LAYOUT
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.sampling import SamplingParams
 
@@ -148,9 +149,10 @@ def warm_up(target, prompts, params: SamplingParams, *, pad_id: int, dcfg: Draft
             tcfg: DrafterTrainConfig, wcfg: WarmupConfig, cache_root: str,
             progress: bool = True) -> tuple[Drafter, dict]:
   """The cached warm-up drafter for `target` (trained and cached first if missing)."""
-  key = hashlib.sha256(json.dumps([target_fingerprint(target), dataclasses.asdict(dcfg),
-                                   dataclasses.asdict(tcfg), dataclasses.asdict(wcfg),
-                                   repr(params), [list(map(int, p)) for p in prompts]],
+  key = hashlib.sha256(json.dumps([PARAM_LAYOUT, target_fingerprint(target),
+                                   dataclasses.asdict(dcfg), dataclasses.asdict(tcfg),
+                                   dataclasses.asdict(wcfg), repr(params),
+                                   [list(map(int, p)) for p in prompts]],
                                   default=str).encode()
                        ).hexdigest()[:12]
   directory = os.path.join(cache_root, "drafter", key)

@@ -69,24 +69,32 @@ def attention(q_BxTxNxH, segments) -> jax.Array:
 
 
 class Attention(nnx.Module):
-  """Multi-head attention with grouped kv heads, optional q/k/v bias and RoPE."""
+  """Multi-head attention with grouped kv heads, optional q/k/v bias and RoPE.
+
+  q, k and v come from one `[D, (N + 2K) H]` kernel (`qkv_proj`, columns in that order): a decode
+  step then makes one matrix-vector product where it made three. XLA:CPU runs a product of this
+  size on one core whatever the thread count, at a bandwidth that grows with the matrix, so fewer,
+  larger products bring a batch-1 step nearer the weight-read floor (docs/BENCHMARKS.md). The
+  loaders and the exporter map Hugging Face's separate q/k/v tensors to and from its columns.
+  """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     d, h = cfg.d_model, cfg.hd
     kw = dict(param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype), rngs=rngs,
               kernel_init=nnx.initializers.normal(0.02))
-    self.q_proj = nnx.Linear(d, cfg.n_heads * h, use_bias=cfg.qkv_bias, **kw)
-    self.k_proj = nnx.Linear(d, cfg.n_kv_heads * h, use_bias=cfg.qkv_bias, **kw)
-    self.v_proj = nnx.Linear(d, cfg.n_kv_heads * h, use_bias=cfg.qkv_bias, **kw)
+    self.qkv_proj = nnx.Linear(d, (cfg.n_heads + 2 * cfg.n_kv_heads) * h, use_bias=cfg.qkv_bias,
+                               **kw)
     self.o_proj = nnx.Linear(cfg.n_heads * h, d, use_bias=False, **kw)
 
   def qkv(self, x_BxTxD, positions_BxT):
     cfg = self.cfg
     b, t, _ = x_BxTxD.shape
-    q = self.q_proj(x_BxTxD).reshape(b, t, cfg.n_heads, cfg.hd)
-    k = self.k_proj(x_BxTxD).reshape(b, t, cfg.n_kv_heads, cfg.hd)
-    v = self.v_proj(x_BxTxD).reshape(b, t, cfg.n_kv_heads, cfg.hd)
+    nq, nk = cfg.n_heads * cfg.hd, cfg.n_kv_heads * cfg.hd
+    qkv = self.qkv_proj(x_BxTxD)
+    q = qkv[..., :nq].reshape(b, t, cfg.n_heads, cfg.hd)
+    k = qkv[..., nq:nq + nk].reshape(b, t, cfg.n_kv_heads, cfg.hd)
+    v = qkv[..., nq + nk:].reshape(b, t, cfg.n_kv_heads, cfg.hd)
     q = apply_rope(q, positions_BxT, cfg.rope_theta, cfg.rope_layout)
     k = apply_rope(k, positions_BxT, cfg.rope_theta, cfg.rope_layout)
     return q, k, v
@@ -97,14 +105,15 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-  """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+  """SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up as one `[D, 2F]` kernel
+  (`gate_up_proj`, gate's columns first) for the reason given in `Attention`."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     kw = dict(use_bias=False, param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype),
               rngs=rngs, kernel_init=nnx.initializers.normal(0.02))
-    self.gate_proj = nnx.Linear(cfg.d_model, cfg.d_ff, **kw)
-    self.up_proj = nnx.Linear(cfg.d_model, cfg.d_ff, **kw)
+    self.gate_up_proj = nnx.Linear(cfg.d_model, 2 * cfg.d_ff, **kw)
     self.down_proj = nnx.Linear(cfg.d_ff, cfg.d_model, **kw)
 
   def __call__(self, x):
-    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+    gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
+    return self.down_proj(jax.nn.silu(gate) * up)

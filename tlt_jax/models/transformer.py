@@ -12,6 +12,10 @@ from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.layers import MLP, Attention, RMSNorm, attention
 
+# Version of the parameter tree's names and shapes (2: fused q/k/v and gate/up kernels). Caches
+# keyed by it never hand a checkpoint of another layout to this code.
+PARAM_LAYOUT = 2
+
 
 @dataclasses.dataclass
 class ModelOutput:

@@ -13,32 +13,43 @@ from flax import nnx
 
 from tlt_jax.models.config import ModelConfig
 
-_HF_LAYER = [
-    ("self_attn.q_proj", ("attn", "q_proj")), ("self_attn.k_proj", ("attn", "k_proj")),
-    ("self_attn.v_proj", ("attn", "v_proj")), ("self_attn.o_proj", ("attn", "o_proj")),
-    ("mlp.gate_proj", ("mlp", "gate_proj")), ("mlp.up_proj", ("mlp", "up_proj")),
-    ("mlp.down_proj", ("mlp", "down_proj")),
-]
 _GGUF_LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
                "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
                "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
 
 
-def hf_param_table(cfg: ModelConfig) -> Iterator[tuple[str, tuple, bool]]:
-  """Yields (HF tensor name, path in the nnx model, transpose?) for every parameter."""
-  yield "model.embed_tokens.weight", ("embed", "embedding"), False
-  yield "model.norm.weight", ("final_norm", "scale"), False
+def _layer_table(cfg: ModelConfig) -> list[tuple[str, tuple, tuple[int, int] | None]]:
+  """(HF module, path of our kernel, its columns or None for all) of one layer's projections:
+  q/k/v are column blocks of `qkv_proj` and gate/up of `gate_up_proj` (see `layers`)."""
+  nq, nk, f = cfg.n_heads * cfg.hd, cfg.n_kv_heads * cfg.hd, cfg.d_ff
+  return [("self_attn.q_proj", ("attn", "qkv_proj"), (0, nq)),
+          ("self_attn.k_proj", ("attn", "qkv_proj"), (nq, nq + nk)),
+          ("self_attn.v_proj", ("attn", "qkv_proj"), (nq + nk, nq + 2 * nk)),
+          ("self_attn.o_proj", ("attn", "o_proj"), None),
+          ("mlp.gate_proj", ("mlp", "gate_up_proj"), (0, f)),
+          ("mlp.up_proj", ("mlp", "gate_up_proj"), (f, 2 * f)),
+          ("mlp.down_proj", ("mlp", "down_proj"), None)]
+
+
+def hf_param_table(cfg: ModelConfig
+                   ) -> Iterator[tuple[str, tuple, bool, tuple[int, int] | None]]:
+  """Yields (HF tensor name, path in the nnx model, transpose?, columns) for every parameter:
+  `columns` is the (start, stop) block of the last axis that the tensor fills in a fused
+  parameter, None where it is the whole parameter. Blocks of one parameter come in order."""
+  yield "model.embed_tokens.weight", ("embed", "embedding"), False, None
+  yield "model.norm.weight", ("final_norm", "scale"), False, None
   if not cfg.tie_embeddings:
-    yield "lm_head.weight", ("lm_head", "kernel"), True
+    yield "lm_head.weight", ("lm_head", "kernel"), True, None
   for i in range(cfg.n_layers):
     p = f"model.layers.{i}."
-    for hf, ours in _HF_LAYER:
-      yield p + hf + ".weight", ("layers", i, *ours, "kernel"), True
+    for hf, ours, cols in _layer_table(cfg):
+      yield p + hf + ".weight", ("layers", i, *ours, "kernel"), True, cols
       if cfg.qkv_bias and hf in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
-        yield p + hf + ".bias", ("layers", i, *ours, "bias"), False
-    yield p + "input_layernorm.weight", ("layers", i, "input_norm", "scale"), False
-    yield p + "post_attention_layernorm.weight", ("layers", i, "post_attn_norm", "scale"), False
+        yield p + hf + ".bias", ("layers", i, *ours, "bias"), False, cols
+    yield p + "input_layernorm.weight", ("layers", i, "input_norm", "scale"), False, None
+    yield (p + "post_attention_layernorm.weight", ("layers", i, "post_attn_norm", "scale"), False,
+           None)
 
 
 def gguf_name(hf_name: str) -> str:
@@ -73,9 +84,11 @@ def permute_rope_rows(w_OxI: np.ndarray, n_heads: int, head_dim: int, to: str) -
 
 def assign(model, tensors: dict[str, np.ndarray], cfg: ModelConfig, source: str,
            name_fn=lambda n: n) -> None:
-  """Copies `tensors` (HF layout `[out, in]`) into `model`, checking every name and shape."""
+  """Copies `tensors` (HF layout `[out, in]`) into `model`, checking every name and shape; the
+  column blocks of a fused parameter are concatenated into it."""
   dtype = jnp.dtype(cfg.param_dtype)
-  for hf_name, path, transpose in hf_param_table(cfg):
+  blocks: dict[tuple, list[np.ndarray]] = {}
+  for hf_name, path, transpose, cols in hf_param_table(cfg):
     name = name_fn(hf_name)
     if name not in tensors:
       raise KeyError(f"{source} has no tensor {name!r} that a {cfg.n_layers}-layer model needs; "
@@ -83,16 +96,20 @@ def assign(model, tensors: dict[str, np.ndarray], cfg: ModelConfig, source: str,
     arr = np.asarray(tensors[name])
     arr = arr.T if transpose else arr
     var = get_variable(model, path)
-    if tuple(arr.shape) != tuple(var.shape):
+    want = tuple(var.shape) if cols is None else (*var.shape[:-1], cols[1] - cols[0])
+    if tuple(arr.shape) != want:
       raise ValueError(f"{source}: tensor {name!r} has shape {tuple(arr.shape)} (after transpose) "
-                       f"but the config implies {tuple(var.shape)}; config and weights disagree.")
-    var.value = jnp.asarray(arr, dtype)
+                       f"but the config implies {want}; config and weights disagree.")
+    blocks.setdefault(path, []).append(arr)
+  for path, arrs in blocks.items():
+    get_variable(model, path).value = jnp.asarray(np.concatenate(arrs, axis=-1), dtype)
 
 
 def export(model, cfg: ModelConfig) -> dict[str, np.ndarray]:
-  """The model's parameters as HF-named `[out, in]` float arrays."""
+  """The model's parameters as HF-named `[out, in]` float arrays (fused ones split back)."""
   out = {}
-  for hf_name, path, transpose in hf_param_table(cfg):
+  for hf_name, path, transpose, cols in hf_param_table(cfg):
     arr = np.asarray(get_variable(model, path).value)
+    arr = arr if cols is None else arr[..., cols[0]:cols[1]]
     out[hf_name] = np.ascontiguousarray(arr.T if transpose else arr)
   return out

@@ -114,28 +114,40 @@ def step_times(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 
   return _times(run, iters)
 
 
-def matmul_only_cost(model, batch: int, iters: int = 10) -> float:
-  """Median seconds of one decode step's matrix products alone, on the model's own weights: each
-  layer's q/k/v/o and MLP projections and the LM head for `batch` rows of one token, chained as
-  in the step (q, k and v from the same input, the MLP after the attention output) but with no
-  attention, norms, rotary embedding, cache write or sampling. It splits c(B, 1) into what
-  XLA:CPU's matrix-vector products cost against the weight-read floor, and what the rest of the
-  step adds on top."""
-  graphdef, state = nnx.split(model)
+def product_chain(model, fused: bool = True):
+  """A decode step's matrix products alone, as a jitted function of (kernels, x `[B, D]`) and the
+  model's own kernels: each layer's q/k/v, o and MLP projections and the LM head, chained as in
+  the step (the MLP after the attention output) but with no attention, norms, rotary embedding,
+  cache write or sampling. `fused=False` runs the same products on separate q, k, v, gate and up
+  kernels (copies of the fused kernels' column blocks), the layout the model had before it fused
+  them: the two compute the same function, so their times compare the layouts alone."""
+  cfg = model.cfg
+  nq, nk = cfg.n_heads * cfg.hd, cfg.n_kv_heads * cfg.hd
+  split = lambda w, at: [w] if fused else [jnp.array(p) for p in jnp.split(w, at, axis=1)]
+  kernels = [(split(blk.attn.qkv_proj.kernel[...], [nq, nq + nk]), blk.attn.o_proj.kernel[...],
+              split(blk.mlp.gate_up_proj.kernel[...], [cfg.d_ff]), blk.mlp.down_proj.kernel[...])
+             for blk in model.layers]
+  head = model.embed.embedding[...] if cfg.tie_embeddings else model.lm_head.kernel[...].T
 
   @jax.jit
-  def step(state, x_BxD):
-    m = nnx.merge(graphdef, state)
-    for block in m.layers:
-      a = block.attn
-      mixed = (a.q_proj(x_BxD) + jnp.sum(a.k_proj(x_BxD), -1, keepdims=True)
-               + jnp.sum(a.v_proj(x_BxD), -1, keepdims=True))
-      x_BxD = x_BxD + a.o_proj(mixed)
-      x_BxD = x_BxD + block.mlp(x_BxD)
-    return m.head(x_BxD[:, None])
+  def chain(kernels, head_VxD, x_BxD):
+    for qkv_parts, o, gate_up_parts, down in kernels:
+      qkv = jnp.concatenate([x_BxD @ w for w in qkv_parts], axis=-1)
+      x_BxD = x_BxD + (qkv[:, :nq] + jnp.sum(qkv[:, nq:], -1, keepdims=True)) @ o
+      gate, up = jnp.split(jnp.concatenate([x_BxD @ w for w in gate_up_parts], axis=-1), 2, -1)
+      x_BxD = x_BxD + (jax.nn.silu(gate) * up) @ down
+    return jnp.einsum("vd,bd->bv", head_VxD, x_BxD)
 
+  return chain, (kernels, head)
+
+
+def matmul_only_cost(model, batch: int, iters: int = 10, fused: bool = True) -> float:
+  """Median seconds of `product_chain` for `batch` rows of one token. It splits c(B, 1) into
+  what XLA:CPU's matrix-vector products cost against the weight-read floor, and what the rest of
+  the step adds on top."""
+  chain, args = product_chain(model, fused)
   x = jnp.ones((batch, model.cfg.d_model), jnp.dtype(model.cfg.dtype))
-  return _median_time(lambda: step(state, x), iters)
+  return _median_time(lambda: chain(*args, x), iters)
 
 
 def cost_table(model, batches, tokens, cache_len: int, iters: int = 10) -> list[dict]:
