@@ -34,11 +34,21 @@ def main(argv):
     ratio = r["ms"] / base.get(r["B"], nan)
     print(f"{r['B']:4d} {r['T']:4d} {r['ms']:9.3f} {r['us_per_token']:14.2f} {ratio:15.2f}")
   # The same moment's split of c(B, 1): the step's matrix products alone, then everything else.
-  matmul_only = {b: round(1e3 * matmul_only_cost(model, b, c.iters), 3) for b in c.batches}
-  print("   B   c(B,1) ms   matrix products alone ms   x floor   rest of the step ms")
+  # The step's products alone, and the same products on separate q/k/v and gate/up kernels, in
+  # three alternating rounds; the fastest median of each.
+  matmul_only, separate = {}, {}
+  for b in c.batches:
+    fused_s, sep_s = [], []
+    for _ in range(3):
+      fused_s.append(matmul_only_cost(model, b, c.iters))
+      sep_s.append(matmul_only_cost(model, b, c.iters, fused=False))
+    matmul_only[b], separate[b] = round(1e3 * min(fused_s), 3), round(1e3 * min(sep_s), 3)
+  print("   B   c(B,1) ms   matrix products alone ms   x floor   rest of the step ms"
+        "   separate q/k/v, gate/up ms   separate / fused")
   for b, ms in matmul_only.items():
     step = base.get(b, nan)
-    print(f"{b:4d} {step:11.3f} {ms:26.3f} {ms / floor_ms:9.2f} {step - ms:21.3f}")
+    print(f"{b:4d} {step:11.3f} {ms:26.3f} {ms / floor_ms:9.2f} {step - ms:21.3f}"
+          f" {separate[b]:28.3f} {separate[b] / ms:18.3f}")
   drafter_tables = {}
   for vocab in c.drafter_vocabs:
     drafter = cost_drafter(model, vocab)
@@ -51,7 +61,7 @@ def main(argv):
       print(f"{r['B']:4d} {r['T']:4d} {r['ms']:9.3f} {r['ms'] / base[r['B']]:12.2f}")
   print(json.dumps({"model": c.model, "weight_bytes": weights, **floors,
                     "floor_ms_b1": round(floor_ms, 3), "table": table,
-                    "matmul_only_ms": matmul_only,
+                    "matmul_only_ms": matmul_only, "matmul_only_separate_ms": separate,
                     "drafter": drafter_tables}))
 
 

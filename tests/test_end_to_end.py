@@ -46,6 +46,7 @@ def test_bench_cost_small():
   out = last_json(run_module("experiments.bench_cost", "--config=experiments/configs/bench_cost.py:small"))
   assert out["bandwidth_gb_s"] > 0 and len(out["table"]) == 4
   assert sorted(out["matmul_only_ms"]) == ["1", "2"] and min(out["matmul_only_ms"].values()) > 0
+  assert sorted(out["matmul_only_separate_ms"]) == ["1", "2"]
 
 
 def test_bench_spec_small(tmp_path):
