@@ -8,6 +8,7 @@ from flax import nnx
 
 from tests.conftest import small_config
 from tlt_jax.models import commit, init_cache, init_model
+from tlt_jax.models.layers import fused_linear
 
 
 def _rand_tokens(key, b, t, v=53):
@@ -160,3 +161,16 @@ def test_bad_config_values_are_clear_errors():
   with pytest.raises(ValueError, match="Unknown model preset"):
     from tlt_jax.models import get_preset
     get_preset("nope")
+
+
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_fused_linear_is_separately_initialised_projections_side_by_side(use_bias):
+  kw = dict(kernel_init=nnx.initializers.normal(0.02), param_dtype=jnp.float32,
+            dtype=jnp.float32)
+  fused = fused_linear(8, (4, 2, 2), use_bias=use_bias, rngs=nnx.Rngs(3), **kw)
+  rngs = nnx.Rngs(3)
+  parts = [nnx.Linear(8, w, use_bias=use_bias, rngs=rngs, **kw) for w in (4, 2, 2)]
+  np.testing.assert_array_equal(fused.kernel[...],
+                                jnp.concatenate([p.kernel[...] for p in parts], axis=1))
+  x = jax.random.normal(jax.random.key(1), (3, 8))
+  np.testing.assert_allclose(fused(x), jnp.concatenate([p(x) for p in parts], -1), atol=1e-6)

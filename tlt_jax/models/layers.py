@@ -68,6 +68,23 @@ def attention(q_BxTxNxH, segments) -> jax.Array:
   return out_BxKxGTxH.reshape(b, kh, n // kh, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
+def fused_linear(d_in: int, widths: tuple[int, ...], *, use_bias: bool, rngs: nnx.Rngs,
+                 kernel_init, param_dtype, dtype) -> nnx.Linear:
+  """One `nnx.Linear` whose kernel (and zero bias) are the column blocks of `len(widths)`
+  projections, each initialised as its own `nnx.Linear` would be: the same keys drawn from
+  `rngs` in the same order, so that a seed gives the same model whether its projections are
+  fused or not."""
+  kernels, biases = [], []
+  for width in widths:
+    kernels.append(kernel_init(rngs.params(), (d_in, width), param_dtype))
+    if use_bias:
+      biases.append(nnx.initializers.zeros_init()(rngs.params(), (width,), param_dtype))
+  return nnx.Linear(d_in, sum(widths), use_bias=use_bias, param_dtype=param_dtype, dtype=dtype,
+                    rngs=nnx.Rngs(0),  # unused: both initialisers return the blocks drawn above
+                    kernel_init=lambda *_: jnp.concatenate(kernels, axis=1),
+                    bias_init=lambda *_: jnp.concatenate(biases))
+
+
 class Attention(nnx.Module):
   """Multi-head attention with grouped kv heads, optional q/k/v bias and RoPE.
 
@@ -83,8 +100,8 @@ class Attention(nnx.Module):
     d, h = cfg.d_model, cfg.hd
     kw = dict(param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype), rngs=rngs,
               kernel_init=nnx.initializers.normal(0.02))
-    self.qkv_proj = nnx.Linear(d, (cfg.n_heads + 2 * cfg.n_kv_heads) * h, use_bias=cfg.qkv_bias,
-                               **kw)
+    self.qkv_proj = fused_linear(d, (cfg.n_heads * h, cfg.n_kv_heads * h, cfg.n_kv_heads * h),
+                                 use_bias=cfg.qkv_bias, **kw)
     self.o_proj = nnx.Linear(cfg.n_heads * h, d, use_bias=False, **kw)
 
   def qkv(self, x_BxTxD, positions_BxT):
@@ -111,7 +128,7 @@ class MLP(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     kw = dict(use_bias=False, param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype),
               rngs=rngs, kernel_init=nnx.initializers.normal(0.02))
-    self.gate_up_proj = nnx.Linear(cfg.d_model, 2 * cfg.d_ff, **kw)
+    self.gate_up_proj = fused_linear(cfg.d_model, (cfg.d_ff, cfg.d_ff), **kw)
     self.down_proj = nnx.Linear(cfg.d_ff, cfg.d_model, **kw)
 
   def __call__(self, x):
