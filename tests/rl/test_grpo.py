@@ -78,8 +78,9 @@ def _updated(micro, mesh_shape=(1, 1)):
 
 
 def test_micro_batch_accumulation_equals_the_full_batch():
-  """Sequence aggregation over equal micro-batches is exactly additive: the accumulated gradient
-  (its norm, before Adam's normalisation hides scale) and the update equal the full batch's."""
+  """Sequence aggregation over equal micro-batches is additive: the accumulated gradient (its
+  norm, before Adam's normalisation hides scale) and the update equal the full batch's, up to
+  float rounding."""
   a, ma = _updated(1)
   b, mb = _updated(2)
   np.testing.assert_allclose(ma["grad_norm"], mb["grad_norm"], rtol=1e-5)
@@ -87,8 +88,11 @@ def test_micro_batch_accumulation_equals_the_full_batch():
   la, lb = jax.tree.leaves(a.params), jax.tree.leaves(b.params)
   assert any(not np.allclose(x, y) for x, y in zip(la, jax.tree.leaves(
       nnx_state(init_model(small_config(), seed=0)))))
-  for x, y in zip(la, lb):
-    np.testing.assert_allclose(x, y, atol=1e-5)
+  # Adam's first step is lr * g / (|g| + eps): where a gradient is near zero, float rounding of
+  # the sum (which differs with the split and with how XLA fuses the products) moves the step by
+  # a fraction of lr. So: every parameter within 1% of lr, all but 0.1% of them within 0.1%.
+  diff = np.concatenate([np.abs(np.asarray(x) - np.asarray(y)).ravel() for x, y in zip(la, lb)])
+  assert diff.max() < 1e-4 and np.mean(diff > 1e-5) < 1e-3, (diff.max(), np.mean(diff > 1e-5))
   # The old-log-prob recomputation goes micro-batch by micro-batch too, to the same values.
   batch = make_batch()
   lpa, enta = a.logprobs(batch.tokens_RxL, batch.prompt_len_R, batch.mask_RxN)
