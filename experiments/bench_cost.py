@@ -1,5 +1,6 @@
 """Prints c(B, T) for a model, the draft-step cost of an EAGLE drafter for it (full and restricted
-draft vocabulary), and the machine's floors; last line one JSON object.
+draft vocabulary), the machine's floors, and what speculation must accept to reach the target
+speedup at each batch and depth (`cost.speculation_bound`); last line one JSON object.
 
   python -m experiments.bench_cost --config=experiments/configs/bench_cost.py:smollm2
 """
@@ -13,7 +14,7 @@ from ml_collections import config_flags
 from tlt_jax.models.pretrained import load_policy
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.rollout.cost import (cost_table, drafter_cost_table, machine_floors,
-                                  matmul_only_cost, param_bytes)
+                                  matmul_only_cost, param_bytes, speculation_bound)
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_cost.py")
 
@@ -21,6 +22,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_c
 def main(argv):
   del argv
   c = _CONFIG.value
+  if not c.target_speedup > 0:
+    raise ValueError(f"target_speedup must be > 0, got {c.target_speedup}.")
   model = load_policy(c.model)
   floors = machine_floors()
   weights = param_bytes(model)
@@ -59,10 +62,22 @@ def main(argv):
     print("   B    T        ms   vs target c(B,1)")
     for r in rows:
       print(f"{r['B']:4d} {r['T']:4d} {r['ms']:9.3f} {r['ms'] / base[r['B']]:12.2f}")
+  # What a chain must accept to reach the target speedup, with the cheapest drafter measured
+  # above (a chain's draft step feeds one input per row) and with a model-free proposer.
+  draft_ms = {r["B"]: r["ms"] for r in rows if r["T"] == 1} if c.drafter_vocabs else {}
+  bound = speculation_bound(table, draft_ms, c.target_speedup)
+  print(f"speculation needs, for {c.target_speedup}x over plain decoding (accepted tokens per "
+        "step, bonus included; at most depth + 1):")
+  print("   B  depth  verify/c(B,1)  draft/c(B,1)  needed: free proposer  drafter"
+        "   ceiling: free  drafter")
+  for r in bound:
+    print(f"{r['B']:4d} {r['depth']:6d} {r['verify_x']:14.2f} {r.get('draft_x', nan):13.3f}"
+          f" {r['accept_needed_free']:22.2f} {r.get('accept_needed_drafter', nan):8.2f}"
+          f" {r['ceiling_free']:16.2f} {r.get('ceiling_drafter', nan):8.2f}")
   print(json.dumps({"model": c.model, "weight_bytes": weights, **floors,
                     "floor_ms_b1": round(floor_ms, 3), "table": table,
                     "matmul_only_ms": matmul_only, "matmul_only_separate_ms": separate,
-                    "drafter": drafter_tables}))
+                    "drafter": drafter_tables, "speculation_bound": bound}))
 
 
 def cost_drafter(model, vocab: int):

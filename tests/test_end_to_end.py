@@ -47,6 +47,9 @@ def test_bench_cost_small():
   assert out["bandwidth_gb_s"] > 0 and len(out["table"]) == 4
   assert sorted(out["matmul_only_ms"]) == ["1", "2"] and min(out["matmul_only_ms"].values()) > 0
   assert sorted(out["matmul_only_separate_ms"]) == ["1", "2"]
+  # :small has T = 1, 2: depth 1 at both batches, with the drafter's draft step.
+  assert [(r["B"], r["depth"]) for r in out["speculation_bound"]] == [(1, 1), (2, 1)]
+  assert all(r["ceiling_drafter"] < r["ceiling_free"] for r in out["speculation_bound"])
 
 
 def test_bench_spec_small(tmp_path):

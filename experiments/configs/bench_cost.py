@@ -19,6 +19,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.iters = 10
   c.drafter_vocabs = (0,)          # 0: the full vocabulary; else a restricted draft vocabulary
   c.drafter_tokens = (1, 4)        # inputs per row of a draft step (a tree level feeds several)
+  c.target_speedup = 1.8           # what speculation_bound asks of a chain (the SD target)
   if variant == "smollm2":
     c.drafter_vocabs = (0, 4096)
     c.drafter_tokens = (1, 5, 9)

@@ -1,5 +1,5 @@
-"""The cost model: step-against-floor readings (fastest and median, consistent units) and the
-matrix-product chain on fused and separate kernels."""
+"""The cost model: step-against-floor readings (fastest and median, consistent units), the
+matrix-product chain on fused and separate kernels, and what speculation must accept to pay."""
 
 import jax
 import numpy as np
@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import small_config
 from tlt_jax.models import init_model
 from tlt_jax.rollout.cost import (matmul_only_cost, param_bytes, product_chain,
-                                  step_against_floor)
+                                  speculation_bound, step_against_floor)
 
 
 def test_step_against_floor_reports_fastest_and_median_readings():
@@ -40,3 +40,21 @@ def test_product_chain_is_the_same_function_on_fused_and_separate_kernels(tied):
     ref = ref + blk.mlp(ref)
   np.testing.assert_allclose(out, model.head(ref[:, None])[:, 0], rtol=1e-5, atol=1e-5)
   assert matmul_only_cost(model, batch=2, iters=2, fused=False) > 0
+
+
+def test_speculation_bound_from_measured_costs():
+  table = [{"B": 1, "T": 1, "ms": 10.0}, {"B": 1, "T": 4, "ms": 17.0},
+           {"B": 2, "T": 1, "ms": 20.0}, {"B": 2, "T": 4, "ms": 24.0},
+           {"B": 4, "T": 4, "ms": 30.0}]  # no c(4, 1): nothing to compare with
+  rows = speculation_bound(table, {1: 1.3}, target_speedup=1.8)
+  assert [(r["B"], r["depth"]) for r in rows] == [(1, 3), (2, 3)]
+  b1, b2 = rows
+  # Batch 1: verifying 4 tokens costs 1.7 steps; three draft steps add 0.39.
+  assert b1["verify_x"] == 1.7 and b1["draft_x"] == 0.13 and b1["max_accept"] == 4
+  assert b1["accept_needed_free"] == 3.06            # 1.8 x 17 / 10
+  assert b1["accept_needed_drafter"] == 3.76         # 1.8 x (17 + 3 x 1.3) / 10
+  assert b1["ceiling_free"] == round(40 / 17, 3)
+  assert b1["ceiling_drafter"] == round(40 / 20.9, 3)
+  # Batch 2 has no drafter cost: only the model-free figures.
+  assert b2["accept_needed_free"] == 2.16 and b2["ceiling_free"] == round(80 / 24, 3)
+  assert "accept_needed_drafter" not in b2 and "ceiling_drafter" not in b2

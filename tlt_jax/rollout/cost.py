@@ -192,6 +192,39 @@ def drafter_step_cost(target, drafter, batch: int, tokens: int, cache_len: int, 
   return _median_time(run, iters)
 
 
+def speculation_bound(table: list[dict], draft_ms: dict[int, float],
+                      target_speedup: float = 1.8) -> list[dict]:
+  """What speculation must accept to pay, from measured costs alone.
+
+  For each batch B and chain depth k = T - 1 of the c(B, T) `table` (rows of `cost_table`): a
+  speculative step verifies k drafts in one forward, c(B, 1 + k), after k draft steps of
+  `draft_ms[B]` each (a model-free proposer costs none), and emits `a` tokens per row (accepted
+  drafts plus the bonus token), where plain decoding emits one per c(B, 1). So its speedup is
+  a c(B, 1) / (c(B, 1 + k) + k d(B)). Reported per row: `verify_x` = c(B, 1 + k) / c(B, 1),
+  `draft_x` = d(B) / c(B, 1), the accepted length `target_speedup` needs with a model-free
+  proposer and with the drafter (attainable only up to k + 1), and each one's ceiling, the
+  speedup when every draft is accepted. The drafter's catching up on kept tokens and the host's
+  work are left out, so the needs are lower bounds and the ceilings upper bounds.
+  """
+  c1 = {r["B"]: r["ms"] for r in table if r["T"] == 1}
+  rows = []
+  for r in table:
+    b, k = r["B"], r["T"] - 1
+    if k < 1 or b not in c1:
+      continue
+    verify, draft = r["ms"], draft_ms.get(b)
+    row = {"B": b, "depth": k, "max_accept": k + 1, "verify_x": round(verify / c1[b], 3),
+           "accept_needed_free": round(target_speedup * verify / c1[b], 2),
+           "ceiling_free": round((k + 1) * c1[b] / verify, 3)}
+    if draft is not None:
+      spec_ms = verify + k * draft
+      row.update(draft_x=round(draft / c1[b], 3),
+                 accept_needed_drafter=round(target_speedup * spec_ms / c1[b], 2),
+                 ceiling_drafter=round((k + 1) * c1[b] / spec_ms, 3))
+    rows.append(row)
+  return rows
+
+
 def drafter_cost_table(target, drafter, batches, tokens, cache_len: int, iters: int = 10
                        ) -> list[dict]:
   """Draft-step cost for every (B, T) pair, in milliseconds."""
