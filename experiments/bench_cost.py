@@ -31,11 +31,13 @@ def main(argv):
   table = cost_table(model, c.batches, c.tokens, c.cache_len, c.iters)
   print(f"{c.model}: {weights / 1e6:.1f} MB of weights; bandwidth {floors['bandwidth_gb_s']} GB/s, "
         f"matmul {floors['matmul_gflop_s']} GFLOP/s; weight-read floor {floor_ms:.2f} ms/step")
-  print("   B    T        ms   us/row-token   c(B,T)/c(B,1)")
+  print("c(B, T): each batch's cells timed in alternating rounds; fastest call and median, ms")
+  print("   B    T   fastest    median   us/row-token   c(B,T)/c(B,1)")
   base = {r["B"]: r["ms"] for r in table if r["T"] == 1}
   for r in table:
     ratio = r["ms"] / base.get(r["B"], nan)
-    print(f"{r['B']:4d} {r['T']:4d} {r['ms']:9.3f} {r['us_per_token']:14.2f} {ratio:15.2f}")
+    print(f"{r['B']:4d} {r['T']:4d} {r['ms']:9.3f} {r['ms_median']:9.3f} {r['us_per_token']:14.2f}"
+          f" {ratio:15.2f}")
   # The same moment's split of c(B, 1): the step's matrix products alone, then everything else.
   # The step's products alone, and the same products on separate q/k/v and gate/up kernels, in
   # three alternating rounds; the fastest median of each.

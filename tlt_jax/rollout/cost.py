@@ -84,16 +84,15 @@ def param_bytes(model) -> int:
   return int(sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param))))
 
 
-def step_cost(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 64,
-              iters: int = 10) -> float:
-  """Median seconds of one jitted cached step (see `step_times`)."""
-  return float(np.median(step_times(model, batch, tokens, cache_len, prefix=prefix, iters=iters)))
-
-
 def step_times(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 64,
                iters: int = 10) -> np.ndarray:
-  """Seconds of `iters` calls of one jitted cached step: `tokens` new tokens for each of `batch`
-  rows, over a committed prefix of `prefix` tokens, followed by a commit (as a decode or a
+  """Seconds of `iters` calls of one jitted cached step (see `step_runner`)."""
+  return _times(step_runner(model, batch, tokens, cache_len, prefix=prefix), iters)
+
+
+def step_runner(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 64):
+  """A call of one jitted cached step, compiled once: `tokens` new tokens for each of `batch`
+  rows over a committed prefix of `prefix` tokens, followed by a commit (as a decode or a
   verify). The cache is donated and updated in place, as in the engine."""
   graphdef, state = nnx.split(model)
   cfg = model.cfg
@@ -111,7 +110,7 @@ def step_times(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 
   def run():
     logits, box[0] = step(state, box[0], toks)
     return logits
-  return _times(run, iters)
+  return run
 
 
 def product_chain(model, fused: bool = True):
@@ -150,13 +149,29 @@ def matmul_only_cost(model, batch: int, iters: int = 10, fused: bool = True) -> 
   return _median_time(lambda: chain(*args, x), iters)
 
 
-def cost_table(model, batches, tokens, cache_len: int, iters: int = 10) -> list[dict]:
-  """c(B, T) for every pair, in milliseconds, with the per-row-token cost."""
+def cost_table(model, batches, tokens, cache_len: int, iters: int = 10, rounds: int = 3
+               ) -> list[dict]:
+  """c(B, T) for every pair, in milliseconds, with the per-row-token cost.
+
+  The cells of one batch are timed in `rounds` alternating rounds of `iters` calls each (every
+  step compiled once), and each cell reports its fastest call (`ms`: load on a shared machine
+  only ever adds time) and its median (`ms_median`). Their ratios, which choose what
+  speculation can pay, then come from the same moments of the machine, not from cells
+  measured minutes apart."""
   rows = []
   for b in batches:
+    runners = {t: step_runner(model, b, t, cache_len) for t in tokens}
+    for run in runners.values():
+      run()  # compile and warm
+    times = {t: [] for t in tokens}
+    for _ in range(rounds):
+      for t, run in runners.items():
+        times[t].extend(_times(run, iters))
+    del runners  # each holds a cache
     for t in tokens:
-      c = step_cost(model, b, t, cache_len, iters=iters)
-      rows.append({"B": b, "T": t, "ms": round(1e3 * c, 3), "us_per_token": round(1e6 * c / (b * t), 2)})
+      c, med = float(np.min(times[t])), float(np.median(times[t]))
+      rows.append({"B": b, "T": t, "ms": round(1e3 * c, 3), "ms_median": round(1e3 * med, 3),
+                   "us_per_token": round(1e6 * c / (b * t), 2)})
   return rows
 
 
