@@ -51,6 +51,9 @@ def test_bench_cost_small():
   # :small has T = 1, 2: depth 1 at both batches, with the drafter's draft step.
   assert [(r["B"], r["depth"]) for r in out["speculation_bound"]] == [(1, 1), (2, 1)]
   assert all(r["ceiling_drafter"] < r["ceiling_free"] for r in out["speculation_bound"])
+  # Draft steps timed beside the target's step: the share is their ratio.
+  for r in [r for rows in out["drafter"].values() for r in rows]:
+    assert r["share"] > 0 and r["share"] == pytest.approx(r["ms"] / r["target_ms"], rel=0.02)
 
 
 def test_bench_spec_small(tmp_path):

@@ -46,7 +46,7 @@ def test_speculation_bound_from_measured_costs():
   table = [{"B": 1, "T": 1, "ms": 10.0}, {"B": 1, "T": 4, "ms": 17.0},
            {"B": 2, "T": 1, "ms": 20.0}, {"B": 2, "T": 4, "ms": 24.0},
            {"B": 4, "T": 4, "ms": 30.0}]  # no c(4, 1): nothing to compare with
-  rows = speculation_bound(table, {1: 1.3}, target_speedup=1.8)
+  rows = speculation_bound(table, {1: 0.13}, target_speedup=1.8)  # a draft step: 1.3 ms
   assert [(r["B"], r["depth"]) for r in rows] == [(1, 3), (2, 3)]
   b1, b2 = rows
   # Batch 1: verifying 4 tokens costs 1.7 steps; three draft steps add 0.39.

@@ -175,12 +175,12 @@ def cost_table(model, batches, tokens, cache_len: int, iters: int = 10, rounds: 
   return rows
 
 
-def drafter_step_cost(target, drafter, batch: int, tokens: int, cache_len: int, *,
-                      prefix: int = 64, iters: int = 10) -> float:
-  """Median seconds of one draft step as the engine runs it: the drafter on `tokens` new inputs
-  per row over a committed prefix (a chain step feeds 1, a tree level its expanded nodes), the
-  draft head over its vocabulary on the last input, the processed distribution and a Gumbel-max
-  draw with noise over the target's vocabulary."""
+def drafter_step_runner(target, drafter, batch: int, tokens: int, cache_len: int, *,
+                        prefix: int = 64):
+  """A call of one draft step as the engine runs it, compiled once: the drafter on `tokens` new
+  inputs per row over a committed prefix (a chain step feeds 1, a tree level its expanded
+  nodes), the draft head over its vocabulary on the last input, the processed distribution and
+  a Gumbel-max draw with noise over the target's vocabulary."""
   from tlt_jax.drafter.model import drafter_cache
   tgraph, tstate = nnx.split(target)
   dgraph, dstate = nnx.split(drafter)
@@ -204,19 +204,19 @@ def drafter_step_cost(target, drafter, batch: int, tokens: int, cache_len: int, 
   def run():
     draft, box[0] = step(tstate, dstate, box[0], toks, h, key)
     return draft
-  return _median_time(run, iters)
+  return run
 
 
-def speculation_bound(table: list[dict], draft_ms: dict[int, float],
+def speculation_bound(table: list[dict], draft_share: dict[int, float],
                       target_speedup: float = 1.8) -> list[dict]:
   """What speculation must accept to pay, from measured costs alone.
 
   For each batch B and chain depth k = T - 1 of the c(B, T) `table` (rows of `cost_table`): a
   speculative step verifies k drafts in one forward, c(B, 1 + k), after k draft steps of
-  `draft_ms[B]` each (a model-free proposer costs none), and emits `a` tokens per row (accepted
-  drafts plus the bonus token), where plain decoding emits one per c(B, 1). So its speedup is
-  a c(B, 1) / (c(B, 1 + k) + k d(B)). Reported per row: `verify_x` = c(B, 1 + k) / c(B, 1),
-  `draft_x` = d(B) / c(B, 1), the accepted length `target_speedup` needs with a model-free
+  d(B) = `draft_share[B]` x c(B, 1) each (a model-free proposer costs none), and emits `a` tokens
+  per row (accepted drafts plus the bonus token), where plain decoding emits one per c(B, 1). So
+  its speedup is a c(B, 1) / (c(B, 1 + k) + k d(B)). Reported per row: `verify_x` =
+  c(B, 1 + k) / c(B, 1), `draft_x` = d(B) / c(B, 1), the accepted length `target_speedup` needs with a model-free
   proposer and with the drafter (attainable only up to k + 1), and each one's ceiling, the
   speedup when every draft is accepted. The drafter's catching up on kept tokens and the host's
   work are left out, so the needs are lower bounds and the ceilings upper bounds.
@@ -227,7 +227,8 @@ def speculation_bound(table: list[dict], draft_ms: dict[int, float],
     b, k = r["B"], r["T"] - 1
     if k < 1 or b not in c1:
       continue
-    verify, draft = r["ms"], draft_ms.get(b)
+    verify = r["ms"]
+    draft = draft_share[b] * c1[b] if b in draft_share else None
     row = {"B": b, "depth": k, "max_accept": k + 1, "verify_x": round(verify / c1[b], 3),
            "accept_needed_free": round(target_speedup * verify / c1[b], 2),
            "ceiling_free": round((k + 1) * c1[b] / verify, 3)}
@@ -240,9 +241,24 @@ def speculation_bound(table: list[dict], draft_ms: dict[int, float],
   return rows
 
 
-def drafter_cost_table(target, drafter, batches, tokens, cache_len: int, iters: int = 10
-                       ) -> list[dict]:
-  """Draft-step cost for every (B, T) pair, in milliseconds."""
-  return [{"B": b, "T": t, "ms": round(1e3 * drafter_step_cost(target, drafter, b, t, cache_len,
-                                                                iters=iters), 3)}
-          for b in batches for t in tokens]
+def drafter_cost_table(target, drafter, batches, tokens, cache_len: int, iters: int = 10,
+                       rounds: int = 3) -> list[dict]:
+  """Draft-step cost for every (B, T) pair, in milliseconds (fastest call), timed in alternating
+  rounds with the target's decode step at the same batch; `target_ms` is that step's fastest
+  call in the same rounds and `share` = ms / target_ms, the draft step as a fraction of c(B, 1)
+  measured at the same moments of the machine."""
+  rows = []
+  for b in batches:
+    runners = {t: drafter_step_runner(target, drafter, b, t, cache_len) for t in tokens}
+    runners["target"] = step_runner(target, b, 1, cache_len)
+    times = {k: [] for k in runners}
+    for _ in range(rounds):
+      for k, run in runners.items():
+        times[k].extend(_times(run, iters))
+    del runners  # each holds a cache
+    target_s = float(np.min(times["target"]))
+    for t in tokens:
+      d = float(np.min(times[t]))
+      rows.append({"B": b, "T": t, "ms": round(1e3 * d, 3), "target_ms": round(1e3 * target_s, 3),
+                   "share": round(d / target_s, 3)})
+  return rows
