@@ -1,5 +1,6 @@
 """Warms up (or loads from the cache) the EAGLE drafter of a workload's policy, then reports its
-accepted length with greedy speculative decoding on held-out prompts.
+accepted length with a chain of 4 on held-out prompts, greedy and at the workload's temperature
+(`coupled` rule: the rollout's own sampling, so this is the acceptance a rollout sees).
 
   python -m experiments.drafter_warmup --config=experiments/configs/drafter_tiny.py
 """
@@ -25,14 +26,18 @@ def main(argv):
   w = build_workload(c, c.eval_prompts, c.seed + 2)  # held-out prompts
   eval_prompts = w.prompts
   print(f"drafter {'loaded from' if meta['cached'] else 'trained and cached at'} {meta['cache']}")
-  greedy = dataclasses.replace(w.params, temperature=0.0)
-  spec = SpecConfig(threshold=10**6, arms=(Strategy("eagle", depth=4),), min_accept_len=0.0)
-  engine = RolloutEngine(w.model, EngineConfig.from_dict(c.engine), pad_id=w.tokenizer.pad_id,
-                         spec=spec, drafter=drafter)
-  engine.generate(eval_prompts, 1, greedy, jax.random.key(c.seed))
-  print(json.dumps({"cache": meta["cache"], "top1_agreement_train": meta.get("top1_agreement"),
-                    "loss": meta.get("loss"), "seconds": meta.get("seconds"),
-                    "accept_len_greedy_heldout": round(engine.spec.accept_len(), 3)}))
+  accept = {}
+  for name, params in (("greedy", dataclasses.replace(w.params, temperature=0.0)),
+                       (f"t{w.params.temperature:g}", w.params)):
+    spec = SpecConfig(threshold=10**6, arms=(Strategy("eagle", depth=4),), min_accept_len=0.0,
+                      rule="coupled")
+    engine = RolloutEngine(w.model, EngineConfig.from_dict(c.engine), pad_id=w.tokenizer.pad_id,
+                           spec=spec, drafter=drafter)
+    engine.generate(eval_prompts, 1, params, jax.random.key(c.seed))
+    accept[f"accept_len_{name}_heldout"] = round(engine.spec.accept_len(), 3)
+  train = {k: meta[k] for k in sorted(meta) if k.startswith("top1_agreement")}
+  print(json.dumps({"cache": meta["cache"], **{f"{k}_train": v for k, v in train.items()},
+                    "loss": meta.get("loss"), "seconds": meta.get("seconds"), **accept}))
 
 
 if __name__ == "__main__":

@@ -118,3 +118,13 @@ def test_a_run_killed_with_sigkill_resumes_the_same_trajectory(tmp_path):
   for x, y in zip(a, b):
     assert x["reward"] == y["reward"] and x["length_max"] == y["length_max"]
     assert x["grpo/loss"] == pytest.approx(y["grpo/loss"], abs=1e-6)
+
+
+def test_drafter_warmup_small_unrolled_smollm2(tmp_path):
+  """The unrolled SmolLM2 drafter recipe end to end (a few steps): trained, cached, then judged
+  on held-out prompts greedy and at the rollout temperature."""
+  out = last_json(run_module("experiments.drafter_warmup",
+                             "--config=experiments/configs/drafter_smollm2.py:small_unrolled",
+                             f"--config.cache_dir={tmp_path}"))
+  assert {"top1_agreement_train", "top1_agreement_d2_train", "top1_agreement_d3_train"} <= set(out)
+  assert out["accept_len_greedy_heldout"] >= 1.0 and out["accept_len_t0.9_heldout"] >= 1.0

@@ -14,6 +14,8 @@ differ from plain sampling's, so its speedups price SD's tokens at plain decodin
 per batch bucket, see `spec.bench.sd_speedup`):
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py:rejection
+The `unrolled` variant uses the drafter of `drafter_smollm2.py:unrolled`:
+  python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py:unrolled
 """
 
 import ml_collections
@@ -22,7 +24,7 @@ from experiments.configs import drafter_smollm2
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  c = drafter_smollm2.get_config("small" if variant == "small" else "")
+  c = drafter_smollm2.get_config({"small": "small", "unrolled": "unrolled"}.get(variant, ""))
   c.spec = ml_collections.ConfigDict(dict(
       threshold=2, rule="coupled", epsilon=0.1, window=300, min_accept_len=1.05,
       health_window=64, seed=0,
@@ -33,6 +35,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.sweep_arms = (("eagle", 3, 0), ("tree", 3, 2, 4), ("tree", 4, 3, 8), ("suffix", 3, 3))
   if variant == "rejection":
     c.spec.rule = "rejection"
-  elif variant and variant != "small":
-    raise ValueError(f"Unknown variant {variant!r}; use '', 'small' or 'rejection'.")
+  elif variant not in ("", "small", "unrolled"):
+    raise ValueError(f"Unknown variant {variant!r}; use '', 'small', 'rejection' or 'unrolled'.")
   return c

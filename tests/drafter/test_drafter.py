@@ -189,3 +189,58 @@ def test_a_lazy_drafter_catches_up_when_speculation_starts(arms):
     np.testing.assert_array_equal(sd.tokens, plain.tokens)
     accept[follow] = eng.spec.accept_len()
   assert accept["lazy"] > 1.05 and abs(accept["lazy"] - accept["eager"]) < 0.05
+
+
+@pytest.mark.parametrize("layers", [(), (0, 1, 2)])
+def test_unrolled_training_depths_equal_cached_drafting(layers):
+  """Depth j of `unroll` at index t is exactly what a chain drafted from t computes at depth j:
+  the cache holding depth 1's entries of indices < t, then each depth fed the one before."""
+  from tlt_jax.drafter.losses import unroll
+  target = peaked_model()
+  d = init_drafter(target.cfg, DrafterConfig(feature_layers=layers), seed=2)
+  n, steps = 10, 3
+  emb = jax.random.normal(jax.random.key(0), (2, n, 32))      # embeddings of x_0 .. x_9
+  h = jax.random.normal(jax.random.key(1), (2, n - 1, 32))    # features at 0 .. 8 (projected)
+  gs = unroll(d, emb, h, steps)
+  assert [g.shape for g in gs] == [(2, n - 1, 32)] * steps
+  for t in (0, 3, n - 1 - steps):
+    cache = drafter_cache(target.cfg, 2, 32)
+    if t:
+      _, cache = d(emb[:, 1: t + 1], h[:, :t], cache)
+      cache = commit(cache, jnp.array([t, t]))
+    feat = h[:, t: t + 1]
+    for j in range(1, steps + 1):
+      feat, cache = d(emb[:, t + j: t + j + 1], feat, cache)
+      cache = commit(cache, jnp.array([1, 1]))
+      np.testing.assert_allclose(gs[j - 1][:, t], feat[:, 0], atol=1e-5)
+
+
+def test_unrolled_loss_adds_deeper_depths_and_one_step_is_teacher_forcing():
+  from tlt_jax.drafter.losses import drafter_loss, smooth_l1
+  target = peaked_model()
+  toks = jax.random.randint(jax.random.key(3), (2, 12), 0, V_MODEL)
+  mask = jnp.ones((2, 12), bool).at[1, 9:].set(False)
+  feats, hidden = teacher_batch(target, np.asarray(toks), DrafterConfig())
+  base = init_drafter(target.cfg, DrafterConfig(ce_weight=0.5), seed=4)
+  loss1, m1 = drafter_loss(base, target, toks, feats, hidden, mask)
+  assert not any(k.startswith("top1_agreement_d") for k in m1)
+  # The teacher-forced loss, written out: depth 1 alone.
+  g, _ = base(target.embed(toks[:, 1:]), feats[:, :-1])
+  m = (mask[:, 1:] & mask[:, :-1]).astype(jnp.float32)
+  sl1 = jnp.sum(smooth_l1(g - hidden[:, 1:]).mean(-1) * m) / m.sum()
+  np.testing.assert_allclose(m1["smooth_l1"], sl1, rtol=1e-5)
+  # Unrolled over 3 depths with decay 0.5: depth 1's metrics are unchanged, depths 2 and 3 add
+  # their agreement, and the loss is the weighted mean of the three depths' losses.
+  d3 = init_drafter(target.cfg, DrafterConfig(ce_weight=0.5, unroll_steps=3, unroll_decay=0.5),
+                    seed=4)  # the same weights: unrolling adds no parameters
+  loss3, m3 = drafter_loss(d3, target, toks, feats, hidden, mask)
+  np.testing.assert_allclose(m3["smooth_l1"], m1["smooth_l1"], rtol=1e-6)
+  assert {"top1_agreement_d2", "top1_agreement_d3"} <= set(m3)
+  assert np.isfinite(float(loss3)) and float(loss3) != pytest.approx(float(loss1))
+
+
+def test_unroll_config_is_checked():
+  with pytest.raises(ValueError, match="unroll_steps"):
+    DrafterConfig(unroll_steps=0)
+  with pytest.raises(ValueError, match="unroll_decay"):
+    DrafterConfig(unroll_decay=0.0)

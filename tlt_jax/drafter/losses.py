@@ -15,26 +15,58 @@ def smooth_l1(x, beta: float = 1.0):
   return jnp.where(a < beta, 0.5 * a * a / beta, a - 0.5 * beta)
 
 
+def _ahead(x_BxLx, j: int) -> jax.Array:
+  """`x` at index t + j for t in [0, L - 1) (zeros past the end): a depth-j target or input."""
+  return jnp.pad(x_BxLx[:, j:], [(0, 0), (0, j - 1)] + [(0, 0)] * (x_BxLx.ndim - 2))
+
+
+def unroll(drafter: Drafter, emb_BxLxD, h_BxTxD, steps: int) -> list[jax.Array]:
+  """The drafter's outputs at depths 1 .. `steps` from every index t < T = L - 1: depth j reads
+  `embed(x_{t+j})` (from `emb_BxLxD`, the sequence's embeddings) and, at depth 1, the feature
+  `h_BxTxD` at t, deeper its own output of the depth before, attending as its cache does."""
+  gs, context, h = [], (), h_BxTxD
+  for j in range(1, steps + 1):
+    h, kv = drafter.teacher_step(_ahead(emb_BxLxD, j), h, j, context)
+    context += (kv,)
+    gs.append(h)
+  return gs
+
+
 def drafter_loss(drafter: Drafter, target, tokens_BxL, feats_BxLxF, hidden_BxLxD, mask_BxL):
   """Loss and metrics on teacher-forced sequences.
 
   Position t reads `embed(x_{t+1})` and the target features at t, and is scored against the
   target's final hidden state at t + 1 and the distribution it gives the token after.
-  `target` supplies the frozen embedding and head (`target.embed`, `target.head`).
+  `target` supplies the frozen embedding and head (`target.embed`, `target.head`). With
+  `unroll_steps` > 1, depth j at t reads `embed(x_{t+j})` and the drafter's own depth-(j - 1)
+  output (`unroll`), and is scored against the target at t + j; the depths' losses are
+  averaged with weights `unroll_decay ** (j - 1)`. The metrics without a suffix are depth 1's;
+  `top1_agreement_d{j}` is depth j's.
   """
-  emb = jax.lax.stop_gradient(target.embed(tokens_BxL[:, 1:]))
-  h_in = drafter.project(jax.lax.stop_gradient(feats_BxLxF[:, :-1]))
-  g, _ = drafter(emb, h_in)
-  want = jax.lax.stop_gradient(hidden_BxLxD[:, 1:])
-  m = (mask_BxL[:, 1:] * mask_BxL[:, :-1]).astype(jnp.float32)
-  denom = jnp.maximum(m.sum(), 1.0)
-  sl1 = jnp.sum(smooth_l1(g - want).mean(-1) * m) / denom
-  # With a restricted draft vocabulary both distributions are over it (the target's renormalised).
-  target_logp = jax.lax.stop_gradient(jax.nn.log_softmax(drafter.logits(target, want), axis=-1))
-  draft_logits = drafter.logits(target, g)
-  draft_logp = jax.nn.log_softmax(draft_logits, axis=-1)
-  ce = jnp.sum(-jnp.sum(jnp.exp(target_logp) * draft_logp, axis=-1) * m) / denom
-  top1 = jnp.sum((jnp.argmax(draft_logits, -1) == jnp.argmax(target_logp, -1)) * m) / denom
   cfg = drafter.cfg
-  loss = cfg.smooth_l1_weight * sl1 + cfg.ce_weight * ce
-  return loss, {"loss": loss, "smooth_l1": sl1, "soft_ce": ce, "top1_agreement": top1}
+  emb_BxLxD = jax.lax.stop_gradient(target.embed(tokens_BxL))
+  h_in = drafter.project(jax.lax.stop_gradient(feats_BxLxF[:, :-1]))
+  hidden_BxLxD = jax.lax.stop_gradient(hidden_BxLxD)
+  # With a restricted draft vocabulary both distributions are over it (the target's renormalised).
+  target_logp_BxLxR = jax.lax.stop_gradient(
+      jax.nn.log_softmax(drafter.logits(target, hidden_BxLxD), axis=-1))
+  mask_BxL = mask_BxL.astype(jnp.float32)
+  total, weights, metrics = 0.0, 0.0, {}
+  for j, g in enumerate(unroll(drafter, emb_BxLxD, h_in, cfg.unroll_steps), start=1):
+    m = mask_BxL[:, :-1] * _ahead(mask_BxL, j)
+    denom = jnp.maximum(m.sum(), 1.0)
+    sl1 = jnp.sum(smooth_l1(g - _ahead(hidden_BxLxD, j)).mean(-1) * m) / denom
+    target_logp = _ahead(target_logp_BxLxR, j)
+    draft_logits = drafter.logits(target, g)
+    draft_logp = jax.nn.log_softmax(draft_logits, axis=-1)
+    ce = jnp.sum(-jnp.sum(jnp.exp(target_logp) * draft_logp, axis=-1) * m) / denom
+    top1 = jnp.sum((jnp.argmax(draft_logits, -1) == jnp.argmax(target_logp, -1)) * m) / denom
+    w = cfg.unroll_decay ** (j - 1)
+    total = total + w * (cfg.smooth_l1_weight * sl1 + cfg.ce_weight * ce)
+    weights += w
+    if j == 1:
+      metrics.update(smooth_l1=sl1, soft_ce=ce, top1_agreement=top1)
+    else:
+      metrics[f"top1_agreement_d{j}"] = top1
+  loss = total / weights
+  return loss, {"loss": loss, **metrics}

@@ -30,6 +30,11 @@ class DrafterConfig:
   most of a small drafter's cost). The warm-up picks the tokens most frequent in the target's
   own rollouts and stores them, sorted, in `vocab_ids`; drafts are then always among them, and
   verification keeps decoding exact whatever the drafter proposes.
+
+  `unroll_steps` > 1 trains draft depths 2.. as they run (EAGLE-3's training-time test): depth j
+  reads the drafter's own output of depth j - 1 instead of the target's feature and attends as
+  the drafter's cache does at that depth (`Drafter.teacher_step`); depth j's loss weighs
+  `unroll_decay ** (j - 1)`. With 1, every position is teacher-forced (EAGLE, TLT).
   """
 
   feature_layers: tuple[int, ...] = ()
@@ -37,8 +42,15 @@ class DrafterConfig:
   ce_weight: float = 0.1
   draft_vocab: int = 0
   vocab_ids: tuple[int, ...] = ()
+  unroll_steps: int = 1
+  unroll_decay: float = 1.0
 
   def __post_init__(self):
+    if self.unroll_steps < 1:
+      raise ValueError(f"unroll_steps must be >= 1 (1: teacher-forced only), got "
+                       f"{self.unroll_steps}.")
+    if not self.unroll_decay > 0:
+      raise ValueError(f"unroll_decay must be > 0, got {self.unroll_decay}.")
     if self.draft_vocab < 0:
       raise ValueError(f"draft_vocab must be >= 0 (0: the full vocabulary), got "
                        f"{self.draft_vocab}.")
@@ -51,7 +63,8 @@ class DrafterConfig:
   def __repr__(self):  # the vocabulary can be thousands of ids: show its size
     return (f"DrafterConfig(feature_layers={self.feature_layers}, smooth_l1_weight="
             f"{self.smooth_l1_weight}, ce_weight={self.ce_weight}, draft_vocab={self.draft_vocab}, "
-            f"vocab_ids=<{len(self.vocab_ids)} ids>)")
+            f"vocab_ids=<{len(self.vocab_ids)} ids>, unroll_steps={self.unroll_steps}, "
+            f"unroll_decay={self.unroll_decay})")
 
 
 def layer_config(target: ModelConfig) -> ModelConfig:
@@ -110,12 +123,10 @@ class Drafter(nnx.Module):
     """Drafter outputs `g` `[B, T, D]` (post-norm, ready for the target's head) from the next
     tokens' embeddings and the previous positions' D-wide features."""
     from tlt_jax.models import kv_cache as kvc
+    if cache is None:
+      return self.teacher_step(tok_emb_BxTxD, h_BxTxD)[0], None
     x = self.fc(jnp.concatenate([tok_emb_BxTxD, h_BxTxD], axis=-1))
     b, t, _ = x.shape
-    if cache is None:
-      positions = jnp.broadcast_to(jnp.arange(t), (b, t))
-      x, _ = self.layer(x, positions, kvc.new_tokens_mask(b, t, None))
-      return self.norm(x), None
     depth_T = jnp.arange(t) if depth_T is None else depth_T
     depth_BxT = depth_T if depth_T.ndim == 2 else depth_T[None, :]  # per-row trees
     positions = cache.lengths_B[:, None] + depth_BxT
@@ -125,6 +136,28 @@ class Drafter(nnx.Module):
     k_all, v_all = kvc.write_kv(cache.k[0], cache.v[0], k, v, cache.lengths_B)
     cache = cache.replace(k=(k_all,), v=(v_all,), overflow_B=cache.overflow_B | over_B)
     return self.norm(x), cache
+
+
+  def teacher_step(self, tok_emb_BxTxD, h_BxTxD, depth: int = 1, context=()
+                   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """Draft depth `depth` (1-based) over whole sequences, for training.
+
+    Index t reads its pair for this depth (the token `depth` places after t and, at depth 1, the
+    target's feature at t, deeper the drafter's own output of the depth before) at position
+    t + depth - 1, and attends exactly as the drafter's cache lets depth `depth` of a chain
+    drafted from t attend: to depth 1's entries of indices <= t (`context[0]`), to depths
+    2 .. depth - 1 at index t alone (the rest of `context`) and to itself. Returns `g` and this
+    depth's keys and values in the cache layout, which extend `context` for the next depth.
+    """
+    from tlt_jax.models import kv_cache as kvc
+    x = self.fc(jnp.concatenate([tok_emb_BxTxD, h_BxTxD], axis=-1))
+    b, t, _ = x.shape
+    positions = jnp.broadcast_to(jnp.arange(t) + depth - 1, (b, t))
+    causal = kvc.new_tokens_mask(b, t, None)
+    own = jnp.broadcast_to(jnp.eye(t, dtype=bool), (b, t, t))
+    segments = tuple((k, v, causal if i == 0 else own) for i, (k, v) in enumerate(context))
+    x, (k, v) = self.layer(x, positions, causal if depth == 1 else own, segments)
+    return self.norm(x), kvc.to_cache_layout(k, v)
 
 
 def init_drafter(target: ModelConfig, cfg: DrafterConfig = DrafterConfig(), seed: int = 0
