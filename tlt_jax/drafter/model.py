@@ -137,7 +137,6 @@ class Drafter(nnx.Module):
     cache = cache.replace(k=(k_all,), v=(v_all,), overflow_B=cache.overflow_B | over_B)
     return self.norm(x), cache
 
-
   def teacher_step(self, tok_emb_BxTxD, h_BxTxD, depth: int = 1, context=()
                    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """Draft depth `depth` (1-based) over whole sequences, for training.

@@ -149,25 +149,29 @@ def matmul_only_cost(model, batch: int, iters: int = 10, fused: bool = True) -> 
   return _median_time(lambda: chain(*args, x), iters)
 
 
+def alternating_times(runners: dict, rounds: int, iters: int) -> dict:
+  """Seconds of every call of each of `runners` (name -> a compiled call), timed in `rounds`
+  alternating rounds of `iters` calls each, so that all of them see the same moments of a
+  shared machine; ratios of their fastest calls compare them."""
+  times = {k: [] for k in runners}
+  for _ in range(rounds):
+    for k, run in runners.items():
+      times[k].extend(_times(run, iters))
+  return {k: np.asarray(v) for k, v in times.items()}
+
+
 def cost_table(model, batches, tokens, cache_len: int, iters: int = 10, rounds: int = 3
                ) -> list[dict]:
   """c(B, T) for every pair, in milliseconds, with the per-row-token cost.
 
-  The cells of one batch are timed in `rounds` alternating rounds of `iters` calls each (every
-  step compiled once), and each cell reports its fastest call (`ms`: load on a shared machine
-  only ever adds time) and its median (`ms_median`). Their ratios, which choose what
-  speculation can pay, then come from the same moments of the machine, not from cells
-  measured minutes apart."""
+  The cells of one batch are timed together (`alternating_times`, every step compiled once),
+  and each cell reports its fastest call (`ms`: load on a shared machine only ever adds time)
+  and its median (`ms_median`). Their ratios, which choose what speculation can pay, then come
+  from the same moments of the machine, not from cells measured minutes apart."""
   rows = []
   for b in batches:
-    runners = {t: step_runner(model, b, t, cache_len) for t in tokens}
-    for run in runners.values():
-      run()  # compile and warm
-    times = {t: [] for t in tokens}
-    for _ in range(rounds):
-      for t, run in runners.items():
-        times[t].extend(_times(run, iters))
-    del runners  # each holds a cache
+    times = alternating_times({t: step_runner(model, b, t, cache_len) for t in tokens},
+                              rounds, iters)
     for t in tokens:
       c, med = float(np.min(times[t])), float(np.median(times[t]))
       rows.append({"B": b, "T": t, "ms": round(1e3 * c, 3), "ms_median": round(1e3 * med, 3),
@@ -243,18 +247,15 @@ def speculation_bound(table: list[dict], draft_share: dict[int, float],
 
 def drafter_cost_table(target, drafter, batches, tokens, cache_len: int, iters: int = 10,
                        rounds: int = 3) -> list[dict]:
-  """Draft-step cost for every (B, T) pair, in milliseconds (fastest call), timed in alternating
-  rounds with the target's decode step at the same batch; `target_ms` is that step's fastest
+  """Draft-step cost for every (B, T) pair, in milliseconds (fastest call), timed together with
+  the target's decode step at the same batch (`alternating_times`); `target_ms` is that step's fastest
   call in the same rounds and `share` = ms / target_ms, the draft step as a fraction of c(B, 1)
   measured at the same moments of the machine."""
   rows = []
   for b in batches:
     runners = {t: drafter_step_runner(target, drafter, b, t, cache_len) for t in tokens}
     runners["target"] = step_runner(target, b, 1, cache_len)
-    times = {k: [] for k in runners}
-    for _ in range(rounds):
-      for k, run in runners.items():
-        times[k].extend(_times(run, iters))
+    times = alternating_times(runners, rounds, iters)
     del runners  # each holds a cache
     target_s = float(np.min(times["target"]))
     for t in tokens:
