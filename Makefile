@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export JAX_PLATFORMS ?= cpu
 export PYTHONUNBUFFERED := 1
+# Test workers (pytest-xdist): most tests compile or dispatch on one core, so two share the machine.
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test test-slow install smollm2 clean-cache
 
@@ -31,10 +33,10 @@ demo: $(VENV)/.base
 	$(PY) -m experiments.demo --config=experiments/configs/demo.py
 
 test: $(VENV)/.test $(VENV)/.smollm2
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow"
 
 test-slow: $(VENV)/.test $(VENV)/.smollm2
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m slow
 
 clean-cache:
 	rm -rf .cache

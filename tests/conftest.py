@@ -4,6 +4,17 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# One persistent compilation cache for the whole suite, shared with the launchers the tests start
+# (they inherit the environment) and between `make test` and `make test-slow`: many tests and
+# subprocesses compile the same programs. Small programs are cached too. No size bound: with one,
+# JAX rescans the whole directory on every write, which made the suite twice as slow. An entry that
+# a parallel worker (pytest -n) reads half written fails to decompress, and JAX then compiles
+# instead (it catches and logs the error).
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_ROOT, ".cache", "jax-tests"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 import pytest
 
 from tlt_jax.models import ModelConfig, init_model
