@@ -8,9 +8,9 @@ speedup at each batch and depth (`cost.speculation_bound`); last line one JSON o
 import json
 from math import nan
 
-from absl import app
 from ml_collections import config_flags
 
+from experiments import launch
 from tlt_jax.models.pretrained import load_policy
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.rollout.cost import (cost_table, drafter_cost_table, machine_floors,
@@ -91,4 +91,4 @@ def cost_drafter(model, vocab: int):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch.run(main)

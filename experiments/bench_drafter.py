@@ -19,9 +19,9 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import json  # noqa: E402
 
 import numpy as np  # noqa: E402
-from absl import app  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from experiments import launch  # noqa: E402
 from tlt_jax.drafter.bench import accept_len, hidden_state_error  # noqa: E402
 from tlt_jax.rl.run import build_trainer  # noqa: E402
 from tlt_jax.rollout.engine import EngineConfig  # noqa: E402
@@ -88,4 +88,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch.run(main)

@@ -10,9 +10,9 @@ import tempfile
 import time
 
 import jax
-from absl import app
 from ml_collections import config_flags
 
+from experiments import launch
 from tlt_jax.rollout import bench
 from tlt_jax.rollout.cost import step_against_floor
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
@@ -70,4 +70,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch.run(main)

@@ -8,9 +8,9 @@ import json
 import time
 
 import jax
-from absl import app
 from ml_collections import config_flags
 
+from experiments import launch
 from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.spec import bench
 from tlt_jax.spec.strategy import spec_config_from_dict
@@ -62,4 +62,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch.run(main)

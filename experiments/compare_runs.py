@@ -5,8 +5,9 @@
 
 import json
 
-from absl import app, flags
+from absl import flags
 
+from experiments import launch
 from tlt_jax.rl.compare import compare_runs
 
 _SKIP = flags.DEFINE_integer("skip_first", 1, "Leave this many first steps (compilation) out of "
@@ -25,4 +26,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch.run(main)

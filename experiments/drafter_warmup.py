@@ -9,9 +9,9 @@ import dataclasses
 import json
 
 import jax
-from absl import app
 from ml_collections import config_flags
 
+from experiments import launch
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 from tlt_jax.workloads import build_drafter, build_workload
@@ -41,4 +41,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch.run(main)

@@ -6,9 +6,9 @@
 import json
 import time
 
-from absl import app
 from ml_collections import config_flags
 
+from experiments import launch
 from tlt_jax.evaluation import evaluate_math
 from tlt_jax.models.pretrained import load_pretrained
 from tlt_jax.tasks.math_data import load_math_dataset
@@ -35,4 +35,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch.run(main)

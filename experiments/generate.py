@@ -8,8 +8,9 @@ With --json the last line is one JSON object with `text` and `token_ids` (genera
 import json
 
 import jax
-from absl import app, flags
+from absl import flags
 
+from experiments import launch
 from tlt_jax.drafter.warmup import load_drafter
 from tlt_jax.models.pretrained import load_pretrained
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
@@ -74,4 +75,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch.run(main)

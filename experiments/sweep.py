@@ -12,9 +12,10 @@ import os
 import subprocess
 import sys
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from experiments import launch
 from tlt_jax.rl.compare import read_metrics
 from tlt_jax.sweep import grid_points, point_args, point_name
 
@@ -44,4 +45,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch.run(main)

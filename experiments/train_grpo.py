@@ -9,9 +9,9 @@ process was killed); compare two runs with `python -m experiments.compare_runs A
 
 import json
 
-from absl import app
 from ml_collections import config_flags
 
+from experiments import launch
 from tlt_jax.rl.run import run_from_config
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/tiny_baseline.py")
@@ -23,4 +23,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launch.run(main)
