@@ -14,13 +14,19 @@ _VERBOSITY_ENV = "TLT_JAX_VERBOSITY"
 
 
 def run(main) -> None:
-  """`app.run(main)` with warnings and errors only, unless the command line or the environment
-  asks for more."""
-  default = os.environ.get(_VERBOSITY_ENV, str(converter.ABSL_WARNING))
+  """`app.run(main)` with warnings and errors only, unless the command line (`--verbosity`) or
+  the environment asks for more. (`app.run` itself raises the level to INFO when the flag was not
+  given, so the level is applied inside `main`.)"""
+  value = os.environ.get(_VERBOSITY_ENV, str(converter.ABSL_WARNING))
   try:
-    level = int(default)
+    level = int(value)
   except ValueError:
-    raise SystemExit(f"{_VERBOSITY_ENV}={default!r} is not an integer; use absl's levels "
+    raise SystemExit(f"{_VERBOSITY_ENV}={value!r} is not an integer; use absl's levels "
                      "(-1 warnings, 0 info, 1 debug).") from None
-  flags.FLAGS.set_default("verbosity", level)
-  app.run(main)
+
+  def quiet_main(argv):
+    if not flags.FLAGS["verbosity"].present:
+      flags.FLAGS.verbosity = level
+    return main(argv)
+
+  app.run(quiet_main)
