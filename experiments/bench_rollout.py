@@ -42,6 +42,12 @@ def main(argv):
                                            w.tokenizer.pad_id)
   out["layout_invariant"] = res["same_tokens"] and bench.layout_invariant(
       w.model, w.prompts, c.group_size, w.params, ecfg, key, w.tokenizer.pad_id)
+  pool = build_workload(c, c.layout_pool_prompts, c.seed + 1).prompts  # as a GRPO run's pool
+  fixed = bench.fixed_layout_cost(w.model, w.prompts, c.group_size, w.params, ecfg, key,
+                                  max(map(len, pool)), w.tokenizer.pad_id)
+  print(f"cache sized once ({fixed['cache_len_fixed']}) vs per call "
+        f"({fixed['cache_len_per_call']}): {fixed['fixed_over_per_call']}x the wall time")
+  out.update({f"layout_{k}": v for k, v in fixed.items()})
   if c.dispatch_sweep:
     out["engine_s_by_steps_per_dispatch"] = bench.dispatch_sweep(
         w.model, w.prompts, c.group_size, w.params, ecfg, key, c.dispatch_sweep,

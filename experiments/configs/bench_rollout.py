@@ -26,6 +26,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), max_batch=128,
       prefill_buckets=(16, 32, 64, 128, 256, 512), steps_per_dispatch=8, num_shards=1,
       cache_slack=0, compile_cache_dir="", precompile=False))
+  c.layout_pool_prompts = 512  # the fixed cache length follows the longest of this many prompts
   c.compile_probe = False
   c.dispatch_sweep = (1, 4, 8, 16)  # steps per dispatch to time (host-sync cadence)
   c.hf_compare = False
@@ -36,6 +37,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.num_prompts, c.group_size, c.max_new_tokens = 4, 4, 24
     c.engine.batch_buckets, c.engine.max_batch = (1, 2, 4, 8, 16), 16
     c.dispatch_sweep = (2,)
+    c.layout_pool_prompts = 64
   elif variant:
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
   return c

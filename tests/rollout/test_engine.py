@@ -147,3 +147,24 @@ def test_shards_and_mesh_weights_in_a_2_device_subprocess():
   out = run_on_fake_devices("tests.rollout.shard_worker")
   assert out == {"greedy_equal": True, "sampled_equal": True, "no_recompile": True,
                  "mesh_weights_equal": True, "two_shards_idle_reported": True}
+
+
+def test_after_warm_up_no_call_compiles_whatever_its_prompt_lengths(model):
+  """The cache length is fixed by `max_prompt_len`: calls whose longest prompts need different
+  prefill buckets run programs that `warm_up` built, and give the tokens of a per-call layout."""
+  from tlt_jax.rollout import compiles
+  params = SamplingParams(temperature=1.0, max_new_tokens=8, stop_tokens=STOPS)
+  eng = _engine(model, prefill_buckets=(4, 8, 16), max_prompt_len=14)
+  calls = [[[5, 6], [7, 8, 9]], [[5] * 7, [6] * 2], [[4] * 14, [3] * 5, [8]]]  # buckets 4, 8, 16
+  report = eng.warm_up([(2, 3), (3, 3)], params, [1, 14], progress=False)
+  assert report["programs"] > 0
+  built = compiles.Since()
+  outs = [eng.generate(p, 3, params, jax.random.key(i)) for i, p in enumerate(calls)]
+  assert built.events == 0 and all(o.timeline.summary()["compile_events"] == 0 for o in outs)
+  per_call = _engine(model, prefill_buckets=(4, 8, 16))
+  for i, (p, o) in enumerate(zip(calls, outs)):
+    np.testing.assert_array_equal(o.tokens, per_call.generate(p, 3, params, jax.random.key(i)).tokens)
+  with pytest.raises(ValueError, match="max_prompt_len"):
+    eng.generate([[3] * 15], 1, params, jax.random.key(0))
+  with pytest.raises(ValueError, match="needs EngineConfig.max_prompt_len"):
+    per_call.warm_up([(1, 1)], params, [3], progress=False)

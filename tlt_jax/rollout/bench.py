@@ -57,6 +57,30 @@ def engine_vs_naive(model, prompts, group_size: int, params: SamplingParams,
   }
 
 
+def fixed_layout_cost(model, prompts, group_size: int, params: SamplingParams,
+                      engine_cfg: EngineConfig, key, max_prompt_len: int, pad_id: int = 0,
+                      repeats: int = 3) -> dict:
+  """What a cache sized once for the longest prompt a run may see (`max_prompt_len`, as the
+  trainer sets it so that nothing compiles after warm-up) costs against one sized for each call's
+  prompts: warm wall times of the same rollout, alternated, and their ratio (fixed / per call)."""
+  engines = {name: RolloutEngine(model, dataclasses.replace(engine_cfg, max_prompt_len=m),
+                                 pad_id=pad_id)
+             for name, m in (("per_call", 0), ("fixed", max_prompt_len))}
+  runs = {name: (lambda e=e: e.generate(prompts, group_size, params, key))
+          for name, e in engines.items()}
+  outs = {name: run() for name, run in runs.items()}  # warm: compile both
+  best = {name: float("inf") for name in runs}
+  for _ in range(repeats):
+    for name, run in runs.items():
+      best[name] = min(best[name], timed(run)[1])
+  n = params.max_new_tokens
+  return {"cache_len_per_call": engines["per_call"].layout(n, max(map(len, prompts)))[0],
+          "cache_len_fixed": engines["fixed"].layout(n)[0],
+          "engine_s_per_call": round(best["per_call"], 4), "engine_s_fixed": round(best["fixed"], 4),
+          "fixed_over_per_call": round(best["fixed"] / best["per_call"], 4),
+          "same_tokens": bool(np.array_equal(outs["fixed"].tokens, outs["per_call"].tokens))}
+
+
 def greedy_exact(model, prompts, group_size, params: SamplingParams, engine_cfg, key,
                  pad_id=0) -> bool:
   """Greedy engine output equals the plain full-batch decode."""

@@ -23,6 +23,7 @@ from flax import nnx
 from jax.sharding import SingleDeviceSharding
 
 from tlt_jax.models import kv_cache as kvc
+from tlt_jax.rollout import compiles
 from tlt_jax.rollout.plain import pad_prompts
 from tlt_jax.rollout.pool import ExecutablePool, configure_compilation_cache
 from tlt_jax.rollout.sampling import SamplingParams
@@ -44,7 +45,12 @@ class EngineConfig:
   num_shards: int = 1
   cache_slack: int = 0
   compile_cache_dir: str = ""
-  precompile: bool = True
+  precompile: bool = True        # generate() compiles its call's other programs in the background
+  # The longest prompt (tokens) the engine serves. With max_new_tokens it fixes the cache and
+  # history lengths of every executable, so a call's prompts never change which programs run and
+  # `warm_up` can build them all before the first call. 0: sized by each call's longest prompt
+  # (its prefill bucket), so a call with a new prompt bucket builds a new family of programs.
+  max_prompt_len: int = 0
   suffix_corpus_len: int = 256   # tokens of earlier text per row the suffix proposer may search
   # How an EAGLE drafter follows the target. "lazy": plain steps do not run it; a speculative
   # step first feeds it what it missed, from captured hidden states (the drafter costs nothing
@@ -60,6 +66,9 @@ class EngineConfig:
                        f"{self.batch_buckets}; add a bucket >= {self.max_batch}.")
     if self.steps_per_dispatch < 1 or self.num_shards < 1 or self.cache_slack < 0:
       raise ValueError("steps_per_dispatch and num_shards must be >= 1, cache_slack >= 0.")
+    if not 0 <= self.max_prompt_len <= self.prefill_buckets[-1]:
+      raise ValueError(f"max_prompt_len={self.max_prompt_len} must be in [0, the largest prefill "
+                       f"bucket {self.prefill_buckets[-1]}]; add a larger prefill bucket.")
     if self.drafter_follow not in ("lazy", "eager"):
       raise ValueError(f"drafter_follow must be 'lazy' or 'eager', got {self.drafter_follow!r}.")
 
@@ -279,8 +288,8 @@ class RolloutEngine:
 
   # ------------------------------------------------------------------ generate
 
-  def validate(self, prompts, group_size: int, params: SamplingParams) -> tuple[int, int]:
-    """Checks the request before any work; returns (prompt bucket, cache length)."""
+  def validate(self, prompts, group_size: int, params: SamplingParams) -> int:
+    """Checks the request before any work; returns its prompt bucket."""
     if group_size < 1:
       raise ValueError(f"group_size (G) must be >= 1, got {group_size}.")
     if not prompts:
@@ -291,15 +300,26 @@ class RolloutEngine:
     if longest > self.cfg.prefill_buckets[-1]:
       raise ValueError(f"A prompt of {longest} tokens exceeds the largest prefill bucket "
                        f"{self.cfg.prefill_buckets[-1]}; add a larger prefill bucket.")
+    if self.cfg.max_prompt_len and longest > self.cfg.max_prompt_len:
+      raise ValueError(f"A prompt of {longest} tokens exceeds the engine's max_prompt_len "
+                       f"{self.cfg.max_prompt_len}; raise engine.max_prompt_len (it sizes the "
+                       "cache of every executable).")
+    self.layout(params.max_new_tokens, longest)
+    return bucket_for(longest, self.cfg.prefill_buckets)
+
+  def layout(self, n: int, longest: int = 0) -> tuple[int, int]:
+    """(cache length, history length) of the executables for `n` new tokens: fixed by
+    `max_prompt_len` when it is set, else by `longest`, the call's longest prompt."""
+    longest = self.cfg.max_prompt_len or longest
     p = bucket_for(longest, self.cfg.prefill_buckets)
-    need = longest + params.max_new_tokens + self.cfg.cache_slack
+    need = longest + n + self.cfg.cache_slack
     if need > self.model_cfg.max_seq_len:
-      raise ValueError(f"Prompt of {longest} tokens + max_new_tokens {params.max_new_tokens} + "
-                       f"slack {self.cfg.cache_slack} = {need} exceeds the model context "
+      raise ValueError(f"Prompt of {longest} tokens + max_new_tokens {n} + slack "
+                       f"{self.cfg.cache_slack} = {need} exceeds the model context "
                        f"{self.model_cfg.max_seq_len}; shorten the prompt or max_new_tokens.")
-    cache_len = min(-(-(p + params.max_new_tokens + self.cfg.cache_slack) // 64) * 64,
-                    max(self.model_cfg.max_seq_len, need))
-    return p, max(cache_len, need)
+    cache_len = min(-(-(p + n + self.cfg.cache_slack) // 64) * 64, self.model_cfg.max_seq_len)
+    corpus = self.cfg.suffix_corpus_len if self.spec is not None else 0
+    return max(cache_len, need), corpus + p + n + 1
 
   def generate(self, prompts: list[list[int]], group_size: int, params: SamplingParams,
                key: jax.Array, *, capture_hidden: bool = False,
@@ -312,11 +332,11 @@ class RolloutEngine:
     `on_shard_idle(shard, device)` is called when a shard has no row left while others may still
     decode: the window where the drafter's spot trainer may use that device.
     """
-    p_bucket, cache_len = self.validate(prompts, group_size, params)
+    p_bucket = self.validate(prompts, group_size, params)
     capture = capture_hidden or self.lazy_follow  # a lazy drafter catches up from hidden states
     n = params.max_new_tokens
+    cache_len, hist = self.layout(n, max(len(p) for p in prompts))
     c_len = self.cfg.suffix_corpus_len if self.spec is not None else 0
-    hist = c_len + p_bucket + n + 1
     rows = [(i * group_size + g, i) for i in range(len(prompts)) for g in range(group_size)]
     total = len(rows)
     out_tokens = np.full((total, n), self.pad_id, np.int32)
@@ -326,7 +346,8 @@ class RolloutEngine:
     d = self.model_cfg.d_model
     out_hidden = np.zeros((total, n, d), np.float32) if capture_hidden else None
     out_phidden = np.zeros((total, d), np.float32) if capture_hidden else None
-    timeline = Timeline(self.cfg.num_shards, compile_events_before=len(self.pool.events))
+    timeline = Timeline(self.cfg.num_shards)
+    built = compiles.Since()
     start = time.perf_counter()
     spec_arms = self.spec.config.arms if self.spec is not None else ()
 
@@ -341,10 +362,7 @@ class RolloutEngine:
         for slot, rid in zip(slots, ids):
           out_hidden[rid], out_phidden[rid] = h[slot], ph[slot]
 
-    # Shards take contiguous blocks of rows; each shard processes waves of max_batch rows.
-    per_shard = np.array_split(np.arange(total), self.cfg.num_shards)
-    waves = [[blk[i: i + self.cfg.max_batch] for i in range(0, len(blk), self.cfg.max_batch)]
-             for blk in per_shard]
+    waves = self._waves(total)
     shard_state = [None] * self.cfg.num_shards
     for s in range(self.cfg.num_shards):
       first = [rows[r][1] for r in waves[s][0]] if waves[s] else []
@@ -430,10 +448,16 @@ class RolloutEngine:
           t0 = time.perf_counter()
           harvest(sh["state"], finished, sh["slots"][finished])
           filler = np.flatnonzero(done)[0]  # a done slot: padding rows must stay done
-          idx = np.concatenate([live_slots, np.full(new_b - len(live_slots), filler)])
-          exe = self._get(self._compact_exe(s, sh["b"], new_b, cache_len, n, capture,
-                                            hist))
-          sh["state"] = exe(sh["state"], jax.device_put(idx.astype(np.int32), self.devices[s]))
+          # One bucket down at a time (programs only for adjacent buckets): the first gather puts
+          # the live rows first, each later one keeps the leading rows.
+          chain = [x for x in reversed(self.cfg.batch_buckets) if new_b <= x < sh["b"]]
+          idx = np.concatenate([live_slots, np.full(chain[0] - len(live_slots), filler)])
+          for b_old, b_new in zip([sh["b"]] + chain, chain):
+            step_idx = idx if b_old == sh["b"] else np.arange(b_new)
+            exe = self._get(self._compact_exe(s, b_old, b_new, cache_len, n, capture, hist))
+            sh["state"] = exe(sh["state"], jax.device_put(step_idx.astype(np.int32),
+                                                          self.devices[s]))
+          idx = idx[:new_b]
           slots = sh["slots"][idx]
           slots[len(live_slots):] = -1  # padding slots: already harvested, never harvested again
           sh["slots"], sh["b"] = slots, new_b
@@ -441,26 +465,79 @@ class RolloutEngine:
           timeline.record(s, "compact", t0, time.perf_counter(), new_b, len(live_slots))
         sh["live"] = len(live_slots)
 
-    timeline.finish(time.perf_counter() - start, int(out_len.sum()), self.pool.events)
+    timeline.finish(time.perf_counter() - start, int(out_len.sum()), built.events, built.seconds)
     if self.spec is not None:
       timeline.spec = self.spec.summary()
     reasons = ["stop" if s else "length" for s in out_stop]
     return RolloutResult(out_tokens, out_logp, out_len, reasons, out_hidden, out_phidden, timeline)
 
+  def _waves(self, total: int) -> list[list[np.ndarray]]:
+    """Rows of each shard's waves: shards take contiguous blocks of the `total` rows, and each
+    shard processes its block in waves of at most max_batch rows."""
+    blocks = np.array_split(np.arange(total), self.cfg.num_shards)
+    return [[blk[i: i + self.cfg.max_batch] for i in range(0, len(blk), self.cfg.max_batch)]
+            for blk in blocks]
+
+  def _reachable(self, s, wave_prompts, p_buckets, cache_len, n, capture, hist, params):
+    """(key, build) of every executable shard `s` can run for waves whose rows have these prompt
+    indices, with prompts in `p_buckets`: prefills, plain decoding and compaction at every bucket
+    up to its widest wave, and speculative arms where they may run."""
+    out, top = [], 0
+    for prompt_idx in wave_prompts:
+      b = bucket_for(len(prompt_idx), self.cfg.batch_buckets)
+      u = self._distinct(prompt_idx, b)[1]
+      top = max(top, b)
+      out += [self._prefill_exe(s, b, u, p, cache_len, n, capture, hist) for p in p_buckets]
+    reachable = [b for b in self.cfg.batch_buckets if b <= top]
+    for b in reversed(reachable):
+      out.append(self._decode_exe(s, b, cache_len, n, capture, hist, params))
+      if self.spec is not None and self.spec.may_run(b):
+        out += [self._spec_exe(s, b, cache_len, n, capture, hist, params, arm)
+                for arm in self.spec.config.arms if arm.proposer != "plain"]
+      smaller = [x for x in reachable if x < b]
+      if smaller:  # compaction steps one bucket down at a time
+        out.append(self._compact_exe(s, b, smaller[-1], cache_len, n, capture, hist))
+    return out
+
   def _schedule_precompile(self, s, first_wave, cache_len, n, capture, hist, params, p_bucket):
-    """Compiles, in the background, the executables this shard can reach (`first_wave`: the
-    prompt index of each row of its first wave): its prefill, buckets <= its first for plain
-    decoding, and speculative arms only for buckets that may run them (<= threshold)."""
+    """Compiles, in the background, the executables this shard can reach from its first wave
+    (`first_wave`: the prompt index of each of its rows) with this call's prompt bucket."""
     if not self.cfg.precompile or not first_wave:
       return
-    top = bucket_for(len(first_wave), self.cfg.batch_buckets)
-    reachable = [b for b in self.cfg.batch_buckets if b <= top]
-    u = self._distinct(first_wave, top)[1]
-    self.pool.precompile(*self._prefill_exe(s, top, u, p_bucket, cache_len, n, capture, hist))
-    for b in reversed(reachable):
-      self.pool.precompile(*self._decode_exe(s, b, cache_len, n, capture, hist, params))
-      if self.spec is not None and self.spec.may_run(b):
-        for arm in self.spec.config.arms:
-          if arm.proposer == "plain":
-            continue
-          self.pool.precompile(*self._spec_exe(s, b, cache_len, n, capture, hist, params, arm))
+    for key_build in self._reachable(s, [first_wave], [p_bucket], cache_len, n, capture, hist,
+                                     params):
+      self.pool.precompile(*key_build)
+
+  def warm_up(self, calls, params: SamplingParams, prompt_lengths, *,
+              capture_hidden: bool = False, progress: bool = True) -> dict:
+    """Builds (compiles, or loads from the caches) every executable that `generate` can run for
+    these calls before the first one, so that no call compiles: `calls` are the
+    `(num_prompts, group_size)` shapes the caller will use, `prompt_lengths` the lengths of the
+    prompts it may pass. Needs `max_prompt_len`: without it the layout depends on the call.
+    Returns the programs built and the seconds spent."""
+    if not self.cfg.max_prompt_len:
+      raise ValueError("warm_up needs EngineConfig.max_prompt_len (> 0): without it the cache "
+                       "length follows each call's prompts and cannot be known in advance.")
+    lengths = list(prompt_lengths)
+    if max(lengths) > self.cfg.max_prompt_len:
+      raise ValueError(f"A prompt of {max(lengths)} tokens exceeds the engine's max_prompt_len "
+                       f"{self.cfg.max_prompt_len}; raise engine.max_prompt_len.")
+    lo, hi = (bucket_for(f(lengths), self.cfg.prefill_buckets) for f in (min, max))
+    p_buckets = [p for p in self.cfg.prefill_buckets if lo <= p <= hi]
+    n = params.max_new_tokens
+    cache_len, hist = self.layout(n)
+    capture = capture_hidden or self.lazy_follow
+    keys = {}
+    for num_prompts, group_size in calls:
+      for s, waves in enumerate(self._waves(num_prompts * group_size)):
+        wave_prompts = [[int(r) // group_size for r in wave] for wave in waves]
+        for key, build in self._reachable(s, wave_prompts, p_buckets, cache_len, n, capture,
+                                          hist, params):
+          keys[key] = build
+    built = compiles.Since()
+    start = time.perf_counter()
+    for key, build in keys.items():
+      self.pool.precompile(key, build)
+    self.pool.wait(progress=progress, desc="warm-up: rollout")
+    return {"programs": len(keys), "built": built.events,
+            "seconds": round(time.perf_counter() - start, 3)}

@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Hashable
 
 import jax
+from tqdm import tqdm
 
 
 def configure_compilation_cache(directory: str) -> None:
@@ -63,13 +64,15 @@ class ExecutablePool:
   `build()` returns `(fn, abstract_args, donate_argnums)`.
   """
 
-  def __init__(self, background_threads: int = 1, cache_dir: str = "", fingerprint: str = ""):
+  def __init__(self, background_threads: int = 0, cache_dir: str = "", fingerprint: str = ""):
+    # XLA compiles a program on one thread: a warm-up of many programs uses every core (0).
+    background_threads = background_threads or min(8, os.cpu_count() or 1)
     self.cache_dir = os.path.join(cache_dir, "executables") if cache_dir else ""
     self.fingerprint = fingerprint
     self._compiled: dict[Hashable, Any] = {}
     self._futures: dict[Hashable, concurrent.futures.Future] = {}
     self._lock = threading.Lock()
-    self._executor = concurrent.futures.ThreadPoolExecutor(max(1, background_threads),
+    self._executor = concurrent.futures.ThreadPoolExecutor(background_threads,
                                                            thread_name_prefix="pool-compile")
     self.events: list[CompileEvent] = []
 
@@ -132,9 +135,14 @@ class ExecutablePool:
         return
       self._futures[key] = self._executor.submit(self._compile, key, build)
 
-  def wait(self) -> None:
-    for f in list(self._futures.values()):
-      f.result()
+  def wait(self, progress: bool = False, desc: str = "compile") -> None:
+    """Blocks until every background compile is done (with a progress bar if asked)."""
+    futures = list(self._futures.values())
+    with tqdm(total=len(futures), desc=desc, disable=not progress or not futures,
+              mininterval=1.0) as bar:
+      for f in concurrent.futures.as_completed(futures):
+        f.result()
+        bar.update()
 
   def __contains__(self, key) -> bool:
     return key in self._compiled

@@ -22,15 +22,14 @@ class Event:
 class Timeline:
   """Collects events; `summary()` gives tokens/s, steps, time per bucket, idle time per shard."""
 
-  def __init__(self, num_shards: int, compile_events_before: int = 0):
+  def __init__(self, num_shards: int):
     self.t0 = time.perf_counter()
     self.events: list[Event] = []
     self.num_shards = num_shards
     self.shard_end = [None] * num_shards
     self.wall_s = 0.0
     self.tokens = 0
-    self.compile_events = []
-    self._compile_before = compile_events_before
+    self.compile_events, self.compile_s = 0, 0.0
     self.spec: dict = {}
 
   def record(self, shard, kind, start, end, bucket, live, steps=0, live_after=-1, tokens=0):
@@ -40,11 +39,10 @@ class Timeline:
   def shard_done(self, shard: int, at: float) -> None:
     self.shard_end[shard] = at - self.t0
 
-  def finish(self, wall_s: float, tokens: int, pool_events) -> None:
+  def finish(self, wall_s: float, tokens: int, compile_events: int, compile_s: float) -> None:
+    """Closes the call: its wall time, tokens, and the XLA programs built during it."""
     self.wall_s, self.tokens = wall_s, tokens
-    self.compile_events = [
-        {"key": str(e.key), "seconds": round(e.seconds, 3)}
-        for e in pool_events[self._compile_before:]]
+    self.compile_events, self.compile_s = compile_events, compile_s
     self.shard_end = [wall_s if e is None else e for e in self.shard_end]
 
   def live_batch(self, shard: int = 0) -> list[tuple[float, int]]:
@@ -75,7 +73,7 @@ class Timeline:
         "decode_steps_max": steps,
         "time_per_bucket_s": {str(k): round(v, 4) for k, v in sorted(per_bucket.items())},
         "shard_idle_s": [round(self.wall_s - end, 4) for end in self.shard_end],
-        "compile_events": len(self.compile_events),
-        "compile_s": round(sum(c["seconds"] for c in self.compile_events), 3),
+        "compile_events": self.compile_events,
+        "compile_s": round(self.compile_s, 3),
         **({"spec": self.spec} if self.spec else {}),
     }
