@@ -16,6 +16,7 @@ import dataclasses
 import os
 import time
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -54,6 +55,15 @@ class AdaptiveDrafter:
     self.publisher = DrafterPublisher(engine, cfg.publish, pad_id)
     self.in_use = self.spot.trainer.params      # the published version's parameters
     self._log_mark = 0
+
+  def warm_up(self, target_params) -> None:
+    """Builds what the hooks run (a spot-training step on every rollout device, the publishing
+    check) before the first RL step, on zeros: nothing is trained or published."""
+    d_model = self.engine.model_cfg.d_model
+    for device in self.engine.devices:
+      self.spot.warm_up(device, d_model)
+      self.publisher.finite(jax.device_put(self.in_use, device))
+    self.publisher.warm_up(self.in_use, target_params, self.cfg.holdout_rows, d_model)
 
   # ---------------------------------------------------------------- the loop's hooks
 

@@ -69,15 +69,27 @@ class DrafterPublisher:
   def accept_len(self, dparams, target_params, sample: list[Segment]) -> float:
     """Estimated accepted length of drafter `dparams` on held-back segments."""
     toks, hidden, mask = pack_segments(sample, self.cfg.seq_len, self.pad_id)
+    return self._accept_len(dparams, target_params, toks, hidden, mask)
+
+  def _accept_len(self, dparams, target_params, toks, hidden, mask) -> float:
     put = lambda t: jax.device_put(t, self.engine.devices[0])  # wherever they were trained
     h, v = self._hits(put(dparams), put(target_params), toks, hidden, mask)
     return chain_accept_len(np.asarray(h), np.asarray(v), self.cfg.depth)
 
+  @staticmethod
+  def finite(params) -> bool:
+    return all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params))
+
+  def warm_up(self, dparams, target_params, rows: int, d_model: int) -> None:
+    """Builds the check's programs for `rows` held-back segments by running it on zeros."""
+    toks = np.full((rows, self.cfg.seq_len), self.pad_id, np.int32)
+    hidden = np.zeros((rows, self.cfg.seq_len, d_model), np.float32)
+    self._accept_len(dparams, target_params, toks, hidden, np.zeros(toks.shape, np.float32))
+
   def publish(self, candidate, target_params, sample: list[Segment], current=None) -> bool:
     """Installs `candidate` (drafter params) if it passes the checks; returns whether it did."""
     event = {"candidate_version": self.version + 1}
-    finite = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(candidate))
-    if not finite:
+    if not self.finite(candidate):
       event.update(accepted=False, reason="non-finite weights")
     else:
       new = self.accept_len(candidate, target_params, sample)

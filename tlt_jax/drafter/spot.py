@@ -77,6 +77,16 @@ class SpotTrainer:
     self.log.append(StepRecord(device.id, start, time.perf_counter(), m["loss"],
                                m["top1_agreement"]))
 
+  def warm_up(self, device, d_model: int) -> None:
+    """Builds the programs of a spot-training step on `device` by running one on zeros and
+    discarding its result (the drafter, its optimizer state and step count are unchanged)."""
+    t, put = self.trainer, lambda x: jax.device_put(x, device)
+    toks = np.full((self.cfg.batch_rows, self.cfg.seq_len), self.pad_id, np.int32)
+    hidden = put(jnp.asarray(np.zeros(toks.shape + (d_model,), np.float32), t.feature_dtype))
+    out = t.update_fn(put(t.params), put(t.opt_state), put(t.target_params), put(toks), hidden,
+                      hidden, put(np.zeros(toks.shape, np.float32)))
+    jax.block_until_ready(out)
+
   def train_steps(self, n: int, device=None) -> int:
     """`n` steps now, on `device` (default: the first device)."""
     device = device or jax.devices()[0]

@@ -60,7 +60,7 @@ class DrafterTrainer:
       updates, opt_state = opt.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), opt_state, metrics
 
-    self._update = update
+    self.update_fn = update  # (params, opt_state, target_params, tokens, feats, hidden, mask)
 
   def set_target(self, target_params) -> None:
     """The policy changed: the shared embedding/head (and features) follow the new weights."""
@@ -78,7 +78,7 @@ class DrafterTrainer:
     self._device = device
 
   def step(self, tokens, feats, hidden, mask) -> dict:
-    self.params, self.opt_state, metrics = self._update(
+    self.params, self.opt_state, metrics = self.update_fn(
         self.params, self.opt_state, self.target_params, tokens, feats, hidden, mask)
     self.step_count += 1
     return {k: float(v) for k, v in metrics.items()}

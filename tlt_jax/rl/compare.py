@@ -30,6 +30,29 @@ def read_metrics(run_dir: str) -> list[dict]:
   return [by_step[s] for s in sorted(by_step)]
 
 
+def heldout_change(run_dir: str) -> dict:
+  """Held-out accuracy before the run's first step and after its last, from `eval.jsonl` (same
+  prompts, same evaluation key), with the standard error of the change: the standard deviation
+  over prompts of each prompt's change, over sqrt(prompts). `heldout_gain_se` = change / SE."""
+  path = os.path.join(run_dir, "eval.jsonl")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"No eval.jsonl in {run_dir!r}: the run needs eval_every > 0.")
+  with open(path) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  first = min((r for r in records if not r["final"]), key=lambda r: r["step"], default=None)
+  last = next((r for r in reversed(records) if r["final"]), None)
+  if first is None or last is None or first["step"] != 0:
+    raise ValueError(f"{path} needs an evaluation at step 0 and a final one.")
+  before, after = (np.asarray(r["per_prompt_accuracy"]) for r in (first, last))
+  change = after - before
+  se = float(change.std(ddof=1) / np.sqrt(len(change))) if len(change) > 1 else 0.0
+  gain = float(change.mean())
+  return {"heldout_before": float(before.mean()), "heldout_after": float(after.mean()),
+          "heldout_gain": round(gain, 6), "heldout_se": round(se, 6),
+          "heldout_gain_se": round(gain / se, 3) if se > 0 else 0.0,
+          "heldout_prompts": int(len(change))}
+
+
 def amdahl_bound(share: float, rollout_speedup: float) -> float:
   return 1.0 / ((1.0 - share) + share / rollout_speedup)
 
@@ -60,6 +83,8 @@ def compare_runs(baseline_dir: str, tlt_dir: str, skip_first: int = 1) -> dict:
       "e2e_speedup": round(e2e, 4), "rollout_speedup": round(rollout_speedup, 4),
       "rollout_share": round(share, 4), "amdahl_bound": round(bound, 4),
       "e2e_over_amdahl": round(e2e / bound, 4),
+      "compile_events_baseline": int(sum(base[s].get("compile_events", 0) for s in steps)),
+      "compile_events_tlt": int(sum(tlt[s].get("compile_events", 0) for s in steps)),
       "compile_s_baseline": round(sum(base[s].get("compile_s", 0.0) for s in steps), 3),
       "compile_s_tlt": round(sum(tlt[s].get("compile_s", 0.0) for s in steps), 3),
       "accept_len": round(float(np.mean([tlt[s].get("accept_len", 0.0) for s in timed])), 4),

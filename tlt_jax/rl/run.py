@@ -4,12 +4,16 @@ the trainer; returns the run's summary."""
 
 from __future__ import annotations
 
+import os
+
+import jax
 import numpy as np
 
 from tlt_jax.rl.grpo import GRPOConfig
 from tlt_jax.rl.trainer import Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.sft import default_cache_dir
 from tlt_jax.spec.strategy import spec_config_from_dict
 from tlt_jax.workloads import build_drafter, build_workload
 
@@ -31,8 +35,12 @@ def build_trainer(c, progress: bool = True) -> Trainer:
   if c.get("eval_every", 0):
     held_out = build_workload(c, c.eval_prompts, c.seed + 7919)  # other problems than training
     eval_prompts, eval_answers = held_out.prompts, held_out.answers
+  engine = dict(c.engine)
+  if not engine.get("compile_cache_dir") and not jax.config.jax_compilation_cache_dir:
+    # Warm-ups of later runs (and a re-run demo) load their programs instead of compiling.
+    engine["compile_cache_dir"] = os.path.join(c.get("cache_dir") or default_cache_dir(), "jax")
   return Trainer(w, out_dir=c.out_dir, steps=c.steps, prompts_per_step=c.prompts_per_step,
-                 group_size=c.group_size, engine_cfg=EngineConfig.from_dict(c.engine),
+                 group_size=c.group_size, engine_cfg=EngineConfig.from_dict(engine),
                  grpo=GRPOConfig(**c.grpo), optim=OptimConfig(**c.optim), seed=c.seed,
                  spec=spec, drafter=drafter, checkpoint_every=c.checkpoint_every,
                  micro_batches=c.micro_batches, mesh_shape=tuple(c.get("mesh", (1, 1))),
@@ -65,20 +73,26 @@ def summarize(name: str, out_dir: str, history: list[dict]) -> dict:
 
 def run_from_config(c, progress: bool = True) -> dict:
   trainer = build_trainer(c, progress)
-  return summarize(c.name, c.out_dir, trainer.run(progress=progress))
+  return dict(summarize(c.name, c.out_dir, trainer.run(progress=progress)),
+              **trainer.warmup_report)
 
 
 def run_pair(baseline_cfg, tlt_cfg, progress: bool = True) -> dict:
-  """Runs (or resumes, or finds finished) a baseline and a TLT run of the same steps and compares
-  them: held-out accuracy before/after, accepted length, speedups and the Amdahl bound."""
-  from tlt_jax.rl.compare import compare_runs, read_metrics
-  for c in (baseline_cfg, tlt_cfg):
+  """Runs (or resumes, or finds finished) a baseline run and a TLT run of its first steps (the
+  same schedule; under the `coupled` rule the same run) and compares them: held-out accuracy
+  before/after the baseline's steps with the standard error of the paired change, accepted
+  length, speedups, the Amdahl bound, and the warm-ups' seconds (`compile_s`, their sum)."""
+  from tlt_jax.rl.compare import compare_runs, heldout_change, read_metrics
+  warmup_s = {}
+  for name, c in (("baseline", baseline_cfg), ("tlt", tlt_cfg)):
     print(f"[run] {c.name}: {c.steps} GRPO steps -> {c.out_dir}", flush=True)
-    run_from_config(c, progress)
+    warmup_s[name] = run_from_config(c, progress).get("warmup_s", 0.0)
   out = compare_runs(baseline_cfg.out_dir, tlt_cfg.out_dir)
-  base = read_metrics(baseline_cfg.out_dir)
-  evals = [m["eval/accuracy"] for m in base if "eval/accuracy" in m]
-  out["reward_before"] = evals[0] if evals else base[0]["reward"]
-  out["reward_after"] = base[-1].get("final_eval/accuracy", base[-1]["reward"])
+  out.update(heldout_change(baseline_cfg.out_dir))
+  out["baseline_steps"], out["tlt_steps"] = baseline_cfg.steps, tlt_cfg.steps
+  out["warmup_s_baseline"], out["warmup_s_tlt"] = warmup_s["baseline"], warmup_s["tlt"]
+  out["compile_s"] = round(warmup_s["baseline"] + warmup_s["tlt"], 3)
+  out["compile_events_in_steps"] = int(sum(  # every program built after the warm-ups: 0
+      m.get("compile_events", 0) for c in (baseline_cfg, tlt_cfg) for m in read_metrics(c.out_dir)))
   out["baseline_dir"], out["tlt_dir"] = baseline_cfg.out_dir, tlt_cfg.out_dir
   return out

@@ -13,6 +13,7 @@ the checkpoint of step s continues the trajectory of a run that was never stoppe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -26,6 +27,7 @@ from tlt_jax.checkpoint import Checkpointer
 from tlt_jax.models.sharding import make_mesh
 from tlt_jax.rl.grpo import GRPOConfig, group_advantages
 from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater
+from tlt_jax.rollout import compiles
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig
 
@@ -99,6 +101,9 @@ class Trainer:
                        "larger bucket to engine.prefill_buckets.")
     self.updater = PolicyUpdater(workload.model, make_mesh(*mesh_shape), grpo, optim,
                                  workload.params, micro_batches)
+    if not engine_cfg.max_prompt_len:  # one cache layout for every step: nothing compiles later
+      longest = max(len(p) for p in list(self.pool_prompts) + list(eval_prompts or []))
+      engine_cfg = dataclasses.replace(engine_cfg, max_prompt_len=longest)
     self.engine = RolloutEngine(workload.model, engine_cfg, pad_id=workload.tokenizer.pad_id,
                                 spec=spec, drafter=drafter)
     self.adaptive = None
@@ -115,6 +120,7 @@ class Trainer:
     self.ckpt = Checkpointer(self.ckpt_dir, keep=keep) if checkpoint_every else None
     self.checkpoint_every = checkpoint_every
     self.step = 0
+    self.warmup_report: dict = {}
     os.makedirs(out_dir, exist_ok=True)
 
   def _batch_indices(self, step: int) -> np.ndarray:
@@ -122,23 +128,49 @@ class Trainer:
     rng = np.random.default_rng([self.seed, step])
     return rng.choice(len(self.pool_prompts), self.prompts_per_step, replace=False)
 
-  def evaluate(self) -> dict:
-    """Held-out accuracy of the current policy (fixed key: the same samples' noise every time)."""
-    key = jax.random.fold_in(jax.random.key(self.seed), _EVAL_KEY)
-    res = self.engine.generate(self.eval_prompts, self.eval_group_size, self.w.params, key)
+  def evaluate(self) -> tuple[dict, list[float]]:
+    """Held-out accuracy of the current policy (fixed key: the same samples' noise every time),
+    and each held-out prompt's accuracy (what a paired before/after comparison needs)."""
+    res = self.engine.generate(self.eval_prompts, self.eval_group_size, self.w.params,
+                               self._key(_EVAL_KEY))
     g = self.eval_group_size
-    rewards = [self.w.reward_fn(res.response(i), self.eval_answers[i // g])
-               for i in range(len(res.lengths))]
-    return {"eval/accuracy": float(np.mean(np.asarray(rewards) >= 1.0)),
-            "eval/reward": float(np.mean(rewards)),
-            "eval/length_p50": float(np.percentile(res.lengths, 50))}
+    rewards = np.array([self.w.reward_fn(res.response(i), self.eval_answers[i // g])
+                        for i in range(len(res.lengths))], np.float32)
+    per_prompt = (rewards >= 1.0).reshape(-1, g).mean(axis=1)
+    return {"eval/accuracy": float(per_prompt.mean()), "eval/reward": float(rewards.mean()),
+            "eval/length_p50": float(np.percentile(res.lengths, 50))}, per_prompt.tolist()
+
+  def _key(self, data: int) -> jax.Array:
+    return jax.random.fold_in(jax.random.key(self.seed), data)
+
+  def warm_up(self, progress: bool = True) -> dict:
+    """Builds (compiles, or loads from the caches) every program that a step, an evaluation and
+    the drafter's hooks can run, so that no RL step builds one; returns the programs built and
+    the seconds spent."""
+    built, start = compiles.Since(), time.perf_counter()
+    lengths = [len(p) for p in list(self.pool_prompts) + list(self.eval_prompts or [])]
+    ad = self.adaptive
+    self.engine.warm_up([(self.prompts_per_step, self.group_size)], self.w.params, lengths,
+                        capture_hidden=ad is not None, progress=progress)
+    if self.eval_prompts is not None and self.eval_every:
+      self.engine.warm_up([(len(self.eval_prompts), self.eval_group_size)], self.w.params,
+                          lengths, progress=progress)
+    rows = self.prompts_per_step * self.group_size
+    self.updater.warm_up(rows, self.prompt_bucket, self.w.params.max_new_tokens)
+    group_advantages(jnp.asarray(np.zeros(rows, np.float32)), self.group_size,
+                     self.updater.grpo.normalize_std)  # as a step converts its rewards
+    self._key(0)
+    if ad is not None:
+      ad.warm_up(self._engine_state())
+    return {"warmup_s": round(time.perf_counter() - start, 3), "warmup_programs": built.events}
 
   def train_step(self) -> tuple[dict, dict]:
     """One RL step; returns (metrics, rollout record)."""
     t0 = time.perf_counter()
+    built = compiles.Since()
     idx = self._batch_indices(self.step)
     prompts = [self.pool_prompts[i] for i in idx]
-    key = jax.random.fold_in(jax.random.key(self.seed), self.step)
+    key = self._key(self.step)
     ad = self.adaptive
     res = self.engine.generate(prompts, self.group_size, self.w.params, key,
                                capture_hidden=ad is not None,
@@ -181,7 +213,7 @@ class Trainer:
         "tokens_per_s": summary["tokens_per_s"], "sd_on_fraction": summary["sd_on_fraction"],
         "accept_len": summary.get("spec", {}).get("accept_len", 0.0),
         "drafter_version": self.engine.drafter_version,
-        "compile_events": summary["compile_events"], "compile_s": summary["compile_s"],
+        "compile_events": built.events, "compile_s": round(built.seconds, 3),
         "logprob_mismatch_max": mismatch,
         **{f"grpo/{k}": v for k, v in metrics.items()},
         **drafter_metrics,
@@ -244,13 +276,27 @@ class Trainer:
     return directory
 
   def run(self, progress: bool = True) -> list[dict]:
-    """Trains to `steps` (resuming if the run directory has a checkpoint); returns this call's
-    step records."""
+    """Warms up, then trains to `steps` (resuming if the run directory has a checkpoint);
+    returns this call's step records. Each record's `compile_events` counts every XLA program
+    built during its step and evaluations (0 after a complete warm-up)."""
     from tensorboardX import SummaryWriter
     resumed = self.restore()
+    if self.step < self.steps:
+      self.warmup_report = self.warm_up(progress)
+      with open(os.path.join(self.out_dir, "warmup.json"), "w") as f:
+        json.dump(self.warmup_report, f)
     writer = SummaryWriter(os.path.join(self.out_dir, "tb"))
     mode = "a" if resumed else "w"
     log = open(os.path.join(self.out_dir, "metrics.jsonl"), mode)
+    eval_log = open(os.path.join(self.out_dir, "eval.jsonl"), mode)
+
+    def evaluate(step: int, final: bool) -> dict:
+      metrics, per_prompt = self.evaluate()
+      eval_log.write(json.dumps({"step": step, "final": final,
+                                 "per_prompt_accuracy": per_prompt}) + "\n")
+      eval_log.flush()
+      return metrics
+
     rollout_log = open(os.path.join(self.out_dir, "rollouts.jsonl"), mode)
     evaluating = self.eval_prompts is not None and self.eval_every > 0
     history = []
@@ -258,7 +304,8 @@ class Trainer:
                initial=self.step, total=self.steps)
     try:
       for _ in bar:
-        ev = self.evaluate() if evaluating and self.step % self.eval_every == 0 else {}
+        built = compiles.Since()
+        ev = evaluate(self.step, False) if evaluating and self.step % self.eval_every == 0 else {}
         try:
           m, record = self.train_step()
         except FloatingPointError as e:
@@ -269,7 +316,8 @@ class Trainer:
                               f"fault; {where}.") from e
         m.update(ev)
         if evaluating and self.step == self.steps:
-          m.update({f"final_{k}": v for k, v in self.evaluate().items()})
+          m.update({f"final_{k}": v for k, v in evaluate(self.step, True).items()})
+        m["compile_events"], m["compile_s"] = built.events, round(built.seconds, 3)
         history.append(m)
         log.write(json.dumps(m) + "\n")
         log.flush()
@@ -292,5 +340,6 @@ class Trainer:
         self.ckpt.wait()
       writer.close()
       log.close()
+      eval_log.close()
       rollout_log.close()
     return history

@@ -175,6 +175,40 @@ class PolicyUpdater:
   def model(self):
     return nnx.merge(self.graphdef, self.params)
 
+  def warm_up(self, rows: int, prompt_width: int, n: int) -> int:
+    """Builds every program `logprobs` and `update` can run on batches of `rows` rows with
+    prompts padded to `prompt_width` and `n` response tokens: each micro-batch width
+    (`update_widths`), the optimizer step and the eager ops around them. Runs them on zeros and
+    applies nothing. Returns the number of widths."""
+    widths = update_widths(n)
+    mb_rows = rows // self.micro
+    if rows % (self.micro * self.mesh.devices.size):
+      raise ValueError(f"{rows} rows do not split into {self.micro} micro-batches over "
+                       f"{self.mesh.devices.size} devices; use a multiple of "
+                       f"{self.micro * self.mesh.devices.size}.")
+    grads = jax.tree.map(jnp.zeros_like, self.params)
+    metrics = None
+    for w in widths:
+      zeros = lambda *shape: np.zeros(shape, np.float32)
+      mb = PolicyBatch(np.zeros((mb_rows, prompt_width + w), np.int32),
+                       np.ones(mb_rows, np.int32), zeros(mb_rows, w), zeros(mb_rows),
+                       zeros(mb_rows, w), zeros(mb_rows, w))
+      self._logprobs(self.params, jax.device_put(mb.tokens_RxL, self._row_shardings.tokens_RxL),
+                     jax.device_put(mb.prompt_len_R, self._row_shardings.prompt_len_R), n=w)
+      grads, m = self._grad(self.params, grads, self._put(mb), jnp.float32(0.0))
+      metrics = m if metrics is None else jax.tree.map(jnp.add, metrics, m)
+    jax.block_until_ready(self._apply(self.params, self.opt_state, grads))
+    return len(widths)
+
+
+def update_widths(n: int, min_width: int = 8) -> list[int]:
+  """Every response width `length_groups` can give for `n` response tokens."""
+  widths, w = [], min_width
+  while w < n:
+    widths.append(w)
+    w *= 2
+  return widths + [n]
+
 
 def length_groups(mask_RxN: np.ndarray, groups: int, min_width: int = 8):
   """Row indices sorted by response length and cut into `groups` equal parts, each with the

@@ -1,0 +1,42 @@
+"""After the trainer's warm-up no RL step builds an XLA program, whatever its prompts' lengths."""
+
+import numpy as np
+
+from tests.rl.test_trainer import workload
+from tlt_jax.drafter.adaptive import AdaptiveConfig
+from tlt_jax.drafter.model import DrafterConfig, init_drafter
+from tlt_jax.drafter.publish import PublishConfig
+from tlt_jax.drafter.spot import SpotConfig
+from tlt_jax.rl.grpo import GRPOConfig
+from tlt_jax.rl.trainer import Trainer
+from tlt_jax.rl.update import OptimConfig
+from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.spec.strategy import SpecConfig, Strategy
+from tlt_jax.tasks.tokenizer import CharTokenizer
+
+
+def test_no_step_compiles_after_warm_up(tmp_path):
+  w = workload()
+  w.tokenizer = CharTokenizer(w.model.cfg.vocab_size)
+  rng = np.random.default_rng(3)  # mostly short prompts, a few long: steps need different buckets
+  sizes = rng.choice([1, 2, 3, 4, 6, 8, 12, 14], size=32, p=[.2, .2, .2, .2, .08, .06, .03, .03])
+  w.prompts = [rng.integers(3, 53, size=int(k)).tolist() for k in sizes]
+  arms = (Strategy("eagle", 3, 0), Strategy("suffix", 2, 2), Strategy("plain", 1, 0))
+  tr = Trainer(w, out_dir=str(tmp_path), steps=4, prompts_per_step=4, group_size=4,
+               engine_cfg=EngineConfig(prefill_buckets=(4, 8, 16), batch_buckets=(1, 2, 4, 8, 16),
+                                       max_batch=16, steps_per_dispatch=3),
+               grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
+               spec=SpecConfig(threshold=16, arms=arms, min_accept_len=0.0),
+               drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1),
+               adaptive=AdaptiveConfig(
+                   spot=SpotConfig(batch_rows=4, seq_len=16, budget_s=0.2, min_segments=4),
+                   publish=PublishConfig(depth=3, min_ratio=0.0, seq_len=16), holdout_rows=4),
+               eval_prompts=w.prompts[:6], eval_answers=[None] * 6, eval_every=2,
+               eval_group_size=2, micro_batches=2)
+  buckets = {min(b for b in (4, 8, 16) if b >= max(len(w.prompts[i]) for i in tr._batch_indices(s)))
+             for s in range(4)}
+  assert len(buckets) > 1  # the steps' prompts need different prefill buckets
+  hist = tr.run(progress=False)
+  assert tr.warmup_report["warmup_programs"] > 0
+  assert max(m["sd_on_fraction"] for m in hist) > 0 and hist[-1]["drafter/steps"] > 0
+  assert [m["compile_events"] for m in hist] == [0, 0, 0, 0]
