@@ -1,8 +1,12 @@
-"""Supervised warm start of the `tiny` policy on the built-in task, cached per configuration.
+"""Supervised warm start of the `tiny` policy on the built-in task, shipped or cached per recipe.
 
-`warm_start(config)` returns a trained model: from the cache when a checkpoint made with the same
-model/task/training settings exists, otherwise it trains one (a few minutes on 2 CPU cores) and
-stores it there, so that `make demo` and every experiment re-create it without a manual step.
+`warm_start(config)` returns a trained model, first found of:
+  1. the warm start shipped with the package (`SHIPPED_DIR`, a Hugging Face folder written by
+     `save_pretrained` with the recipe that made it), when `config`'s recipe is that one;
+  2. the cache, when a checkpoint made with the same model/task/training settings exists;
+  3. training one (minutes on 2 CPU cores), stored in the cache,
+so that `make demo` and every experiment get it without a manual step. `make warmstart` retrains
+the shipped one (`ship`).
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ from tqdm import tqdm
 
 from tlt_jax.checkpoint import CheckpointError, Checkpointer
 from tlt_jax.models import Transformer, get_preset, init_model
+from tlt_jax.models.pretrained import load_hf_folder, save_pretrained
 from tlt_jax.models.transformer import PARAM_LAYOUT
 from tlt_jax.tasks import arithmetic
 from tlt_jax.tasks.tokenizer import CharTokenizer
 
 LENGTH_BUCKETS = (64, 128, 256)
+SHIPPED_DIR = os.path.join(os.path.dirname(__file__), "assets", "tiny_warmstart")
+RECIPE_FILE = "recipe.json"
 
 
 def default_cache_dir() -> str:
@@ -35,11 +42,19 @@ def default_cache_dir() -> str:
                         os.path.join(os.path.dirname(os.path.dirname(__file__)), ".cache"))
 
 
-def _fingerprint(config: ml_collections.ConfigDict) -> str:
-  keys = {k: config[k].to_dict() if hasattr(config[k], "to_dict") else config[k]
+def recipe(config: ml_collections.ConfigDict) -> dict:
+  """What determines the trained weights: model, task, training settings and seed."""
+  return {k: config[k].to_dict() if hasattr(config[k], "to_dict") else config[k]
           for k in ("model", "task", "train", "seed")}
-  keys["param_layout"] = PARAM_LAYOUT
-  return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _digest(obj) -> str:
+  return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _fingerprint(config: ml_collections.ConfigDict) -> str:
+  """The cache key: the recipe and the parameter layout (orbax stores the layout as it is)."""
+  return _digest(dict(recipe(config), param_layout=PARAM_LAYOUT))
 
 
 def cache_path(config: ml_collections.ConfigDict) -> str:
@@ -142,14 +157,52 @@ def train(config: ml_collections.ConfigDict, progress: bool = True) -> tuple[Tra
         raise FloatingPointError(f"SFT loss became {last} at step {len(losses)}; lower "
                                  "config.train.lr or raise config.train.warmup_steps.")
       bar.set_postfix(loss=f"{last:.3f}")
+  first = float(np.mean([float(l) for l in losses[:5]]))
   final = float(np.mean([float(l) for l in losses[-20:]]))
-  return nnx.merge(graphdef, params), {"sft_loss": final, "sft_seconds": time.time() - start,
+  return nnx.merge(graphdef, params), {"sft_loss_first": first, "sft_loss": final,
+                                        "sft_seconds": time.time() - start,
                                         "sft_steps": int(config.train.steps)}
 
 
+def ship(config: ml_collections.ConfigDict, directory: str = SHIPPED_DIR,
+         progress: bool = True) -> dict:
+  """Trains `config`'s warm start from scratch and writes it to `directory` as the shipped one:
+  a Hugging Face folder (layout-independent) plus the recipe and the command that made it."""
+  model, summary = train(config, progress=progress)
+  save_pretrained(model, CharTokenizer(model.cfg.vocab_size), directory)
+  with open(os.path.join(directory, RECIPE_FILE), "w") as f:
+    json.dump({"recipe": recipe(config), "recipe_digest": _digest(recipe(config)),
+               "summary": summary, "command": "make warmstart"}, f, indent=2, sort_keys=True)
+  return dict(summary, cache=directory)
+
+
+def load_shipped(config: ml_collections.ConfigDict,
+                 directory: str = SHIPPED_DIR) -> tuple[Transformer, dict] | None:
+  """The shipped warm start if it was made with `config`'s recipe, else None."""
+  path = os.path.join(directory, RECIPE_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    meta = json.load(f)
+  if meta.get("recipe_digest") != _digest(recipe(config)):
+    return None
+  loaded, _ = load_hf_folder(directory)
+  graphdef = nnx.graphdef(nnx.eval_shape(lambda: init_model(get_preset(config.model), seed=0)))
+  try:  # the preset's own config (and so its fingerprints), with the shipped weights
+    model = nnx.merge(graphdef, nnx.state(loaded))
+  except Exception as e:
+    raise CheckpointError(f"The shipped warm start in {directory} does not fit the "
+                          f"{config.model!r} preset ({e}); regenerate it with `make warmstart`."
+                          ) from e
+  return model, dict(meta["summary"], cache=directory, cached=True, shipped=True)
+
+
 def warm_start(config: ml_collections.ConfigDict, progress: bool = True) -> tuple[Transformer, dict]:
-  """The cached warm-started policy for `config`, trained and cached first if missing."""
+  """The warm-started policy for `config`: shipped, cached, or trained and cached."""
   validate(config)
+  shipped = load_shipped(config)
+  if shipped is not None:
+    return shipped
   path = cache_path(config)
   ckpt = Checkpointer(path, keep=1)
   if ckpt.latest_step() is not None:
