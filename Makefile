@@ -7,7 +7,7 @@ export PYTHONUNBUFFERED := 1
 # Test workers (pytest-xdist): most tests compile or dispatch on one core, so two share the machine.
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow install smollm2 clean-cache
+.PHONY: demo test test-slow install smollm2 warmstart clean-cache
 
 $(VENV)/.base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,10 +33,14 @@ demo: $(VENV)/.base
 	$(PY) -m experiments.demo --config=experiments/configs/demo.py
 
 test: $(VENV)/.test $(VENV)/.smollm2
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow"
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow" --durations=25
 
 test-slow: $(VENV)/.test $(VENV)/.smollm2
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m slow
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m slow --durations=25
+
+# Retrains the `tiny` warm start shipped in tlt_jax/assets/tiny_warmstart (minutes; not run by CI).
+warmstart: $(VENV)/.base
+	$(PY) -m experiments.sft_warmstart --config=experiments/configs/sft_tiny.py --ship
 
 clean-cache:
 	rm -rf .cache
