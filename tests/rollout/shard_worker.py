@@ -1,6 +1,7 @@
 """Run in a subprocess with 2 fake CPU devices by test_engine: shards and mesh-sharded weights."""
 
 import json
+import tempfile
 
 import jax
 import numpy as np
@@ -40,6 +41,15 @@ def main():
   out["no_recompile"] = len(two.pool) == n
   out["mesh_weights_equal"] = bool(np.array_equal(c.tokens, b.tokens))
   out["two_shards_idle_reported"] = len(c.timeline.summary()["shard_idle_s"]) == 2
+  # Executables cached on disk load back onto their own shard's device, in a new engine.
+  with tempfile.TemporaryDirectory() as cache:
+    runs = []
+    for _ in range(2):
+      eng = RolloutEngine(model, EngineConfig(num_shards=2, compile_cache_dir=cache, **cfg))
+      runs.append((eng.generate(prompts, 2, sampled, jax.random.key(3)), eng.pool.events))
+    out["executable_cache_per_shard"] = (
+        all(e.loaded for e in runs[1][1]) and not any(e.loaded for e in runs[0][1])
+        and np.array_equal(runs[1][0].tokens, b.tokens))
   print(json.dumps(out))
 
 

@@ -146,7 +146,8 @@ def test_pool_reuses_executables_for_new_weights(model):
 def test_shards_and_mesh_weights_in_a_2_device_subprocess():
   out = run_on_fake_devices("tests.rollout.shard_worker")
   assert out == {"greedy_equal": True, "sampled_equal": True, "no_recompile": True,
-                 "mesh_weights_equal": True, "two_shards_idle_reported": True}
+                 "mesh_weights_equal": True, "two_shards_idle_reported": True,
+                 "executable_cache_per_shard": True}
 
 
 def test_after_warm_up_no_call_compiles_whatever_its_prompt_lengths(model):

@@ -87,7 +87,10 @@ class ExecutablePool:
       return None
     try:
       with open(path, "rb") as f:
-        return deserialize_and_load(*pickle.load(f))
+        payload, device_ids = pickle.load(f)
+      by_id = {d.id: d for d in jax.devices()}
+      # The devices it was compiled for (by default it would be loaded onto all of them).
+      return deserialize_and_load(*payload, execution_devices=[by_id[i] for i in device_ids])
     except Exception as e:  # a damaged entry is recompiled and rewritten, never fatal
       logging.warning("executable cache entry %s unreadable (%s); recompiling", path, e)
       return None
@@ -99,8 +102,10 @@ class ExecutablePool:
     try:
       os.makedirs(self.cache_dir, exist_ok=True)
       tmp = self._path(key) + f".{os.getpid()}.tmp"
+      device_ids = sorted({d.id for sh in jax.tree.leaves(compiled.input_shardings)
+                           for d in sh.device_set})
       with open(tmp, "wb") as f:
-        pickle.dump(serialize(compiled), f)
+        pickle.dump((serialize(compiled), device_ids), f)
       os.replace(tmp, self._path(key))
     except Exception as e:  # some backends cannot serialise: the pool still works
       logging.warning("could not cache executable %s: %s", key, e)
