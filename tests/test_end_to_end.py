@@ -17,19 +17,21 @@ from tests.test_launchers import last_json, run_module
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(3400)  # trains the warm start and the drafter from scratch on a fresh clone,
+@pytest.mark.timeout(1800)  # on a fresh clone: the drafter's warm-up, every program built cold,
 # beside the other slow tests (pytest -n 2) on a 2-core machine
 def test_demo_meets_the_task_properties_and_runs_tlt_against_a_baseline(tmp_path):
-  """The warm-started policy at temperature 1: accuracy in [0.2, 0.7], a long tail of lengths
-  (p99 >= 5 x median) and >= 30% of G=8 groups with mixed rewards; then TLT (coupled) and the
-  baseline give identical per-step rewards."""
+  """The shipped warm start at temperature 1: accuracy in [0.2, 0.7], a long tail of lengths
+  (p99 >= 5 x median) and >= 30% of G=8 groups with mixed rewards; the baseline's GRPO steps raise
+  held-out accuracy (same prompts, same key); TLT (coupled) over its first steps gives identical
+  rewards; after the warm-ups no step builds an XLA program."""
   out = last_json(run_module("experiments.demo", "--config=experiments/configs/demo.py",
-                             f"--config.out_dir={tmp_path}", timeout=3300))
+                             f"--config.out_dir={tmp_path}", timeout=1700))
   assert 0.2 <= out["warm_start_accuracy"] <= 0.7
   assert out["length_p99"] >= 5 * out["length_p50"]
   assert out["mixed_group_fraction"] >= 0.3
-  assert out["steps"] == 10 and out["rewards_identical"] is True
-  assert 0.0 <= out["reward_before"] <= 1.0 and 0.0 <= out["reward_after"] <= 1.0
+  assert out["steps"] == out["tlt_steps"] == 10 and out["rewards_identical"] is True
+  assert out["heldout_after"] > out["heldout_before"] and out["heldout_gain_se"] > 0
+  assert out["compile_events_in_steps"] == 0 and out["compile_s"] > 0
   assert out["accept_len"] > 1.0
   for k in ("e2e_speedup", "rollout_speedup", "amdahl_bound", "rollout_share"):
     assert out[k] > 0, k
