@@ -152,3 +152,44 @@ def test_same_update_on_a_2_device_mesh():
   # which Adam's first step (g / |g|) can amplify for near-zero gradients: 1e-4 is 1% of a step.
   assert out["max_diff_fsdp"] < 1e-4 and out["max_diff_data"] < 1e-4
   assert out["sharded"] is True
+
+
+def _kl_updater(kl_coef, seed=0):
+  return PolicyUpdater(init_model(small_config(), seed=seed), make_mesh(1, 1),
+                       GRPOConfig(aggregation="token", kl_coef=kl_coef),
+                       OptimConfig(lr=1e-2, warmup_steps=0), SamplingParams())
+
+
+def _kl_batch(up, seed=0):
+  """A batch with zero advantages (only the KL term pulls) and the reference's log-probs."""
+  b = make_batch(seed=seed)
+  old, _ = up.logprobs(b.tokens_RxL, b.prompt_len_R, b.mask_RxN)
+  ref = up.ref_logprobs(b.tokens_RxL, b.prompt_len_R, b.mask_RxN)
+  return PolicyBatch(b.tokens_RxL, b.prompt_len_R, b.mask_RxN, jnp.zeros_like(b.adv_R),
+                     jnp.asarray(old), jnp.asarray(ref))
+
+
+def test_the_kl_term_is_zero_at_the_reference_and_pulls_back_toward_it():
+  up = _kl_updater(0.5)
+  b = make_batch()
+  lp, _ = up.logprobs(b.tokens_RxL, b.prompt_len_R, b.mask_RxN)
+  np.testing.assert_array_equal(up.ref_logprobs(b.tokens_RxL, b.prompt_len_R, b.mask_RxN), lp)
+  assert up.update(_kl_batch(up))["kl"] < 1e-7  # policy = reference (up to fusion rounding)
+  # Move the policy away from its reference: the penalty's descent direction points back toward
+  # the reference, and updates driven by the KL term alone shrink it.
+  up.params = _kl_updater(0.5, seed=1).params
+  batch = _kl_batch(up)
+  zeros = jax.tree.map(jnp.zeros_like, up.params)
+  grads, _ = up._grad(up.params, zeros, up._put(batch), jnp.float32(1.0))
+  toward = sum(float(jnp.sum(-g * (r - p))) for g, r, p in zip(
+      jax.tree.leaves(grads), jax.tree.leaves(up.ref_params), jax.tree.leaves(up.params)))
+  assert toward > 0
+  kls = [up.update(_kl_batch(up))["kl"] for _ in range(4)]
+  assert kls[0] > 0.01 and kls[-1] < 0.7 * kls[0], kls
+
+
+def test_without_a_kl_term_no_reference_is_kept():
+  up = _kl_updater(0.0)
+  b = make_batch()
+  assert up.ref_params is None
+  np.testing.assert_array_equal(up.ref_logprobs(b.tokens_RxL, b.prompt_len_R, b.mask_RxN), 0.0)

@@ -3,6 +3,7 @@ same trajectory."""
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -93,3 +94,21 @@ def test_bad_trainer_settings_are_clear_errors(tmp_path):
   with pytest.raises(ValueError, match="prefill bucket"):
     Trainer(workload(), prompts_per_step=4, **{**kw, "engine_cfg": EngineConfig(
         precompile=False, prefill_buckets=(4,))})
+
+
+def test_the_kl_reference_survives_a_resume(tmp_path):
+  """With kl_coef > 0 the frozen reference is checkpointed: a resumed run computes the KL term
+  against the run's starting policy, not against the policy it resumed from."""
+  kw = dict(out_dir=str(tmp_path), prompts_per_step=4, group_size=4,
+            engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,)),
+            grpo=GRPOConfig(kl_coef=0.1), optim=OptimConfig(lr=1e-2, warmup_steps=0,
+                                                            total_steps=10),
+            checkpoint_every=1)
+  first = Trainer(workload(), steps=2, **kw)
+  hist = first.run(progress=False)
+  assert hist[0]["grpo/kl"] < 1e-7 and hist[1]["grpo/kl"] > 1e-6
+  again = Trainer(workload(seed=5), steps=3, **kw)  # another init: the reference must come back
+  assert again.restore()
+  for a, b in zip(jax.tree.leaves(again.updater.ref_params),
+                  jax.tree.leaves(first.updater.ref_params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

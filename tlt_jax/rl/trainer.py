@@ -190,7 +190,8 @@ class Trainer:
     old_logp, _ = self.updater.logprobs(toks, plen, mask)
     mismatch = float(np.max(np.abs(old_logp - res.logprobs) * mask))
     adv = group_advantages(jnp.asarray(rewards), g, self.updater.grpo.normalize_std)
-    batch = PolicyBatch(toks, plen, mask, np.asarray(adv), old_logp, np.zeros_like(old_logp))
+    ref_logp = self.updater.ref_logprobs(toks, plen, mask)
+    batch = PolicyBatch(toks, plen, mask, np.asarray(adv), old_logp, ref_logp)
     t1 = time.perf_counter()
     metrics = self.updater.update(batch)
     new_state = self._engine_state()
@@ -230,6 +231,8 @@ class Trainer:
 
   def _checkpoint_state(self) -> dict:
     state = {"params": self.updater.params, "opt": self.updater.opt_state}
+    if self.updater.ref_params is not None:  # the KL term's reference survives a resume
+      state["ref_params"] = self.updater.ref_params
     if self.adaptive is not None:
       state["drafter"] = self.adaptive.state()
     return state
@@ -257,6 +260,8 @@ class Trainer:
                           f"{meta['seed']} but the config says {self.seed}; use the same seed to "
                           "resume, or a new out_dir.")
     self.updater.params, self.updater.opt_state = state["params"], state["opt"]
+    if "ref_params" in state:
+      self.updater.ref_params = state["ref_params"]
     self.updater.step_count = int(meta.get("update_count", meta["step"]))
     self.step = int(meta["step"])
     self.engine.set_weights(self._engine_state())

@@ -73,6 +73,9 @@ class PolicyUpdater:
     self.graphdef, state = nnx.split(model, nnx.Param)
     self.param_sharding = param_shardings(state, mesh)
     self.params = jax.device_put(state, self.param_sharding)
+    # The frozen reference policy of the KL term: the starting parameters (arrays are immutable
+    # and never donated, so no copy). None when kl_coef is 0: nothing kept, nothing computed.
+    self.ref_params = self.params if grpo.kl_coef > 0 else None
     self.opt = optim.optimizer()
     opt_shape = jax.eval_shape(self.opt.init, self.params)
     self.opt_sharding = jax.tree.map(
@@ -125,17 +128,26 @@ class PolicyUpdater:
   def _put(self, arrays: PolicyBatch) -> PolicyBatch:
     return jax.device_put(arrays, self._row_shardings)
 
-  def logprobs(self, tokens_RxL, prompt_len_R, mask_RxN) -> tuple[np.ndarray, np.ndarray]:
+  def ref_logprobs(self, tokens_RxL, prompt_len_R, mask_RxN) -> np.ndarray:
+    """Log-probs `[R, N]` of the responses under the frozen reference policy (the KL term's),
+    with the same processed distribution; zeros when kl_coef is 0 (the term is off)."""
+    if self.ref_params is None:
+      return np.zeros(np.shape(mask_RxN), np.float32)
+    return self.logprobs(tokens_RxL, prompt_len_R, mask_RxN, self.ref_params)[0]
+
+  def logprobs(self, tokens_RxL, prompt_len_R, mask_RxN,
+               params=None) -> tuple[np.ndarray, np.ndarray]:
     """Log-probs and entropies `[R, N]` of the responses (`mask_RxN` marks their tokens) under
-    the current policy, computed group by group as in the update (zeros past each group's
-    width, where the mask is zero too)."""
+    the current policy (or `params`), computed group by group as in the update (zeros past each
+    group's width, where the mask is zero too)."""
+    params = self.params if params is None else params
     tokens, plen, mask = (np.asarray(x) for x in (tokens_RxL, prompt_len_R, mask_RxN))
     n = mask.shape[1]
     prompt_width = tokens.shape[1] - n
     lp, ent = np.zeros(mask.shape, np.float32), np.zeros(mask.shape, np.float32)
     rows2, rows1 = self._row_shardings.tokens_RxL, self._row_shardings.prompt_len_R
     for idx, w in self._groups(mask):
-      out = self._logprobs(self.params, jax.device_put(tokens[idx, : prompt_width + w], rows2),
+      out = self._logprobs(params, jax.device_put(tokens[idx, : prompt_width + w], rows2),
                            jax.device_put(plen[idx], rows1), n=w)
       lp[idx, :w], ent[idx, :w] = (np.asarray(x) for x in out)
     return lp, ent
