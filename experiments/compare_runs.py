@@ -5,7 +5,7 @@
 
 import json
 
-from absl import flags
+from absl import app, flags
 
 from experiments import launch
 from tlt_jax.rl.compare import compare_runs

@@ -8,7 +8,7 @@ With --json the last line is one JSON object with `text` and `token_ids` (genera
 import json
 
 import jax
-from absl import flags
+from absl import app, flags
 
 from experiments import launch
 from tlt_jax.drafter.warmup import load_drafter
