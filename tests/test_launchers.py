@@ -6,12 +6,18 @@ import re
 import subprocess
 import sys
 
+from tests.conftest import FAST_COMPILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_module(module: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_module(module: str, *args: str, timeout: int = 600,
+               fast_compile: bool = True) -> subprocess.CompletedProcess:
+  """Runs `python -m module args`; with `fast_compile=False` under XLA's default flags, as a user
+  runs it (the suite's cheap LLVM level halves compile time but slows long computations 2x)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+  if not fast_compile:
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(FAST_COMPILE, "").strip()
   return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=timeout)
 
@@ -23,14 +29,14 @@ def last_json(proc: subprocess.CompletedProcess) -> dict:
 
 def test_sft_launcher_small_trains_then_reuses_its_cache(tmp_path):
   args = ("--config=experiments/configs/sft_tiny.py:small", f"--config.cache_dir={tmp_path}")
-  first = run_module("experiments.sft_warmstart", *args)
+  first = run_module("experiments.sft_warmstart", *args, fast_compile=False)  # training-bound
   out = last_json(first)
   assert "trained and cached" in first.stdout
   assert not re.search(r"^I\d{4} ", first.stderr, re.M)  # no library INFO logs (orbax's save)
   assert 0.0 <= out["accuracy"] <= 1.0 and out["sft_steps"] == 20
   assert out["sft_loss"] < 0.9 * out["sft_loss_first"]  # the small recipe still trains (3.2 -> 2.7)
   assert out["length_p99"] >= out["length_p50"] >= 1
-  second = run_module("experiments.sft_warmstart", *args)
+  second = run_module("experiments.sft_warmstart", *args, fast_compile=False)
   assert "loaded from" in second.stdout
   assert last_json(second)["accuracy"] == out["accuracy"]  # same weights, same keys
 

@@ -26,7 +26,7 @@ def run(adaptive):
   drafter = _trained_drafter(w.model, steps=20)[0]
   tr = Trainer(w, out_dir=tempfile.mkdtemp(), steps=4, prompts_per_step=4, group_size=4,
                engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,), num_shards=2,
-                                       batch_buckets=(1, 2, 4, 8), max_batch=8),
+                                       batch_buckets=(2, 8), max_batch=8),
                grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                spec=SpecConfig(threshold=8, rule="coupled", arms=EAGLE, min_accept_len=0.0),
                drafter=drafter, adaptive=adaptive)

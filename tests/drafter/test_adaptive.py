@@ -5,18 +5,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from tests.conftest import run_on_fake_devices
 from tests.drafter.test_drafter import EAGLE, STOPS, _trained_drafter
+from tests.rl.test_trainer import engine, workload
 from tests.spec.test_spec_engine import _prompts, peaked_model
+from tlt_jax.drafter.adaptive import AdaptiveConfig
 from tlt_jax.drafter.buffer import BufferConfig, DataBuffer, Segment, pack_segments
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.drafter.publish import DrafterPublisher, PublishConfig, chain_accept_len
 from tlt_jax.drafter.spot import SpotConfig, SpotTrainer
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
+from tlt_jax.drafter.warmup import load_drafter
+from tlt_jax.models.pretrained import load_pretrained
+from tlt_jax.rl.grpo import GRPOConfig
+from tlt_jax.rl.trainer import Trainer
+from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.sampling import SamplingParams
 from tlt_jax.spec.strategy import SpecConfig, Strategy
+from tlt_jax.tasks.tokenizer import CharTokenizer
 
 
 def _seg(n, step=0, d=4, version=0):
@@ -36,7 +45,7 @@ def sd_rollout():
   params = SamplingParams(temperature=1.0, max_new_tokens=24, stop_tokens=STOPS)
   spec = SpecConfig(threshold=16, rule="coupled", min_accept_len=0.0,
                     arms=EAGLE + (Strategy(depth=3),))
-  eng = RolloutEngine(target, EngineConfig(batch_buckets=(1, 2, 4, 8, 16), max_batch=16,
+  eng = RolloutEngine(target, EngineConfig(batch_buckets=(4, 16), max_batch=16,
                                            steps_per_dispatch=3, precompile=False),
                       spec=spec, drafter=drafter)
   res = eng.generate(prompts, 2, params, jax.random.key(3), capture_hidden=True)
@@ -146,7 +155,6 @@ def test_chain_accept_len_closed_form():
 
 def test_publishing_refuses_nan_and_collapsed_drafters(sd_rollout):
   target, drafter, _, _, eng = sd_rollout
-  from flax import nnx
   greedy = SamplingParams(temperature=0.0, max_new_tokens=24)  # the data the drafter fits
   prompts = _prompts(8, seed=9)
   res = eng.generate(prompts, 1, greedy, jax.random.key(0), capture_hidden=True)
@@ -177,21 +185,12 @@ def test_spot_training_runs_only_on_idle_shards_and_publishes_to_every_shard():
 
 
 def test_a_tlt_run_exports_a_policy_and_drafter_that_generate_can_load(tmp_path):
-  from flax import nnx
-  from tests.rl.test_trainer import workload
-  from tlt_jax.drafter.adaptive import AdaptiveConfig
-  from tlt_jax.drafter.warmup import load_drafter
-  from tlt_jax.models.pretrained import load_pretrained
-  from tlt_jax.rl.grpo import GRPOConfig
-  from tlt_jax.rl.trainer import Trainer
-  from tlt_jax.rl.update import OptimConfig
-  from tlt_jax.tasks.tokenizer import CharTokenizer
   w = workload()
   w.tokenizer = CharTokenizer(w.model.cfg.vocab_size)
   cfg = AdaptiveConfig(spot=SpotConfig(batch_rows=4, seq_len=16, budget_s=0.2, min_segments=4),
                        publish=PublishConfig(depth=3, min_ratio=0.0, seq_len=16))
   tr = Trainer(w, out_dir=str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
-               engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,)),
+               engine_cfg=engine(),
                grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                spec=SpecConfig(threshold=16, arms=EAGLE, min_accept_len=0.0),
                drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1), adaptive=cfg,
@@ -210,7 +209,7 @@ def test_a_tlt_run_exports_a_policy_and_drafter_that_generate_can_load(tmp_path)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   # Resuming restores the drafter, its optimizer and the published version.
   again = Trainer(w, out_dir=str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
-                  engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,)),
+                  engine_cfg=engine(),
                   grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                   spec=SpecConfig(threshold=16, arms=EAGLE, min_accept_len=0.0),
                   drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1), adaptive=cfg,

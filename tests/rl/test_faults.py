@@ -8,12 +8,11 @@ import jax
 import numpy as np
 import pytest
 
-from tests.rl.test_trainer import workload
+from tests.rl.test_trainer import engine, workload
 from tlt_jax.checkpoint import Checkpointer, CheckpointError
 from tlt_jax.rl.grpo import GRPOConfig
 from tlt_jax.rl.trainer import Trainer, TrainingError
 from tlt_jax.rl.update import OptimConfig
-from tlt_jax.rollout.engine import EngineConfig
 
 
 def trainer(out_dir, steps, reward_fn=None, checkpoint_every=1):
@@ -21,7 +20,7 @@ def trainer(out_dir, steps, reward_fn=None, checkpoint_every=1):
   if reward_fn is not None:
     w.reward_fn = reward_fn
   return Trainer(w, out_dir=str(out_dir), steps=steps, prompts_per_step=4, group_size=4,
-                 engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,)),
+                 engine_cfg=engine(),
                  grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                  checkpoint_every=checkpoint_every)
 

@@ -33,9 +33,16 @@ def workload(seed=0):
                   lambda ids, ans: float(7 in ids))
 
 
+def engine(**kw) -> EngineConfig:
+  """The tests' rollout layout: 16 rows in two batch buckets, so that a warm-up builds few
+  programs (compaction from 16 to 4 rows is still exercised)."""
+  return EngineConfig(**{"precompile": False, "prefill_buckets": (16,), "batch_buckets": (4, 16),
+                         "max_batch": 16, **kw})
+
+
 def run(tmp_path, name, steps, spec=None, checkpoint_every=0):
   tr = Trainer(workload(), out_dir=str(tmp_path / name), steps=steps, prompts_per_step=4,
-               group_size=4, engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,)),
+               group_size=4, engine_cfg=engine(),
                grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                spec=spec, checkpoint_every=checkpoint_every)
   return tr.run(progress=False)
@@ -71,7 +78,7 @@ def test_resume_continues_the_same_trajectory(tmp_path):
 def test_held_out_evaluation_and_the_rollout_record(tmp_path):
   w = workload()
   tr = Trainer(w, out_dir=str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
-               engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,)),
+               engine_cfg=engine(),
                grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                eval_prompts=w.prompts[:6], eval_answers=[None] * 6, eval_every=2,
                eval_group_size=2)
@@ -88,19 +95,19 @@ def test_held_out_evaluation_and_the_rollout_record(tmp_path):
 
 def test_bad_trainer_settings_are_clear_errors(tmp_path):
   kw = dict(out_dir=str(tmp_path), steps=1, group_size=4, grpo=GRPOConfig(), optim=OptimConfig(),
-            engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,)))
+            engine_cfg=engine())
   with pytest.raises(ValueError, match="exceeds the prompt pool"):
     Trainer(workload(), prompts_per_step=99, **kw)
   with pytest.raises(ValueError, match="prefill bucket"):
-    Trainer(workload(), prompts_per_step=4, **{**kw, "engine_cfg": EngineConfig(
-        precompile=False, prefill_buckets=(4,))})
+    Trainer(workload(), prompts_per_step=4, **{**kw, "engine_cfg": engine(
+        prefill_buckets=(4,))})
 
 
 def test_the_kl_reference_survives_a_resume(tmp_path):
   """With kl_coef > 0 the frozen reference is checkpointed: a resumed run computes the KL term
   against the run's starting policy, not against the policy it resumed from."""
   kw = dict(out_dir=str(tmp_path), prompts_per_step=4, group_size=4,
-            engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,)),
+            engine_cfg=engine(),
             grpo=GRPOConfig(kl_coef=0.1), optim=OptimConfig(lr=1e-2, warmup_steps=0,
                                                             total_steps=10),
             checkpoint_every=1)
