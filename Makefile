@@ -38,9 +38,11 @@ test: $(VENV)/.test $(VENV)/.smollm2
 test-slow: $(VENV)/.test $(VENV)/.smollm2
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m slow --durations=25
 
-# Retrains the `tiny` warm start shipped in tlt_jax/assets/tiny_warmstart (minutes; not run by CI).
+# Retrains the `tiny` warm start shipped in tlt_jax/assets/tiny_warmstart, then the demo's drafter
+# for it (tlt_jax/assets/drafters; minutes; not run by CI).
 warmstart: $(VENV)/.base
 	$(PY) -m experiments.sft_warmstart --config=experiments/configs/sft_tiny.py --ship
+	$(PY) -m experiments.drafter_warmup --config=experiments/configs/demo.py:drafter --ship
 
 clean-cache:
 	rm -rf .cache

@@ -3,20 +3,26 @@ accepted length with a chain of 4 on held-out prompts, greedy and at the workloa
 (`coupled` rule: the rollout's own sampling, so this is the acceptance a rollout sees).
 
   python -m experiments.drafter_warmup --config=experiments/configs/drafter_tiny.py
+  python -m experiments.drafter_warmup --config=experiments/configs/demo.py:drafter --ship
+With --ship the drafter's weights are also written into the package (tlt_jax/assets/drafters),
+where every later warm-up with the same key finds them.
 """
 
 import dataclasses
 import json
 
 import jax
+from absl import flags
 from ml_collections import config_flags
 
 from experiments import launch
+from tlt_jax.drafter.warmup import ship_drafter
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 from tlt_jax.workloads import build_drafter, build_workload
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/drafter_tiny.py")
+_SHIP = flags.DEFINE_bool("ship", False, "Also write the drafter into the package's assets.")
 
 
 def main(argv):
@@ -26,6 +32,8 @@ def main(argv):
   w = build_workload(c, c.eval_prompts, c.seed + 2)  # held-out prompts
   eval_prompts = w.prompts
   print(f"drafter {'loaded from' if meta['cached'] else 'trained and cached at'} {meta['cache']}")
+  if _SHIP.value and not meta["shipped"]:
+    print(f"drafter shipped at {ship_drafter(meta['cache'], meta['key'])}")
   accept = {}
   for name, params in (("greedy", dataclasses.replace(w.params, temperature=0.0)),
                        (f"t{w.params.temperature:g}", w.params)):

@@ -1,15 +1,25 @@
-"""The warm start shipped with the package: it is what `sft_tiny`'s recipe makes, it loads into
-the `tiny` preset, and a config of another recipe never gets it."""
+"""The warm start and the demo's drafter shipped with the package: the warm start is what
+`sft_tiny`'s recipe makes, it loads into the `tiny` preset, and a config of another recipe never
+gets it; the demo's warm-up finds its drafter shipped, and a shipped drafter loads exactly."""
 
 import json
+import os
 
 import jax
 import numpy as np
 from flax import nnx
 
-from experiments.configs import sft_tiny
+import pytest
+
+from experiments.configs import demo, sft_tiny
+from tests.conftest import small_config
 from tlt_jax import sft
+from tlt_jax.drafter import warmup
+from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.models import get_preset, init_model
+from tlt_jax.models.pretrained import save_pretrained
+from tlt_jax.tasks.tokenizer import CharTokenizer
+from tlt_jax.workloads import build_drafter, drafter_key
 
 
 def test_the_shipped_warm_start_is_sft_tiny_s_recipe_on_the_tiny_preset():
@@ -37,8 +47,6 @@ def test_another_recipe_is_not_given_the_shipped_weights(tmp_path):
 def test_a_shipped_folder_round_trips_through_save_pretrained(tmp_path):
   c = sft_tiny.get_config("small")
   model = init_model(get_preset("tiny"), seed=3)
-  from tlt_jax.models.pretrained import save_pretrained
-  from tlt_jax.tasks.tokenizer import CharTokenizer
   save_pretrained(model, CharTokenizer(32), str(tmp_path))
   with open(tmp_path / sft.RECIPE_FILE, "w") as f:
     json.dump({"recipe_digest": sft._digest(sft.recipe(c)), "summary": {}}, f)
@@ -47,3 +55,26 @@ def test_a_shipped_folder_round_trips_through_save_pretrained(tmp_path):
   toks = jax.numpy.asarray([[1, 5, 6, 7]])
   np.testing.assert_array_equal(np.asarray(loaded(toks).logits_BxTxV),
                                 np.asarray(model(toks).logits_BxTxV))
+
+
+def test_the_demo_s_warm_up_drafter_is_shipped():
+  c = demo.get_config("drafter")
+  key = drafter_key(c)
+  assert sorted(os.listdir(warmup.SHIPPED_ROOT)) == [key]  # no stale drafters ship
+  drafter, meta = build_drafter(c, progress=False)
+  assert meta["shipped"] and meta["key"] == key and meta["top1_agreement"] > 0.5
+  assert drafter.target_cfg == get_preset("tiny")
+
+
+def test_a_shipped_drafter_loads_exactly_and_only_for_its_target(tmp_path):
+  target = init_model(small_config(), seed=0)
+  drafter = init_drafter(target.cfg, DrafterConfig(feature_layers=(0, 1, 2)), seed=1)
+  warmup.save_drafter(drafter, str(tmp_path / "cache"), {"loss": 1.5})
+  shipped = warmup.ship_drafter(str(tmp_path / "cache"), "k", str(tmp_path / "assets"))
+  loaded, meta = warmup.load_shipped_drafter(shipped, target)
+  assert meta == {"loss": 1.5} and loaded.cfg == drafter.cfg
+  for a, b in zip(jax.tree.leaves(nnx.state(loaded, nnx.Param)),
+                  jax.tree.leaves(nnx.state(drafter, nnx.Param))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(ValueError, match="made for another target"):
+    warmup.load_shipped_drafter(shipped, init_model(small_config(d_model=16), seed=0))

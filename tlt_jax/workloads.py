@@ -91,16 +91,31 @@ def narrowed(task, difficulty: dict):
   return mix
 
 
-def build_drafter(c: ml_collections.ConfigDict, progress: bool = True):
-  """The cached warm-up EAGLE drafter of `c`'s policy, trained on rollouts of `c.warmup_prompts`
-  prompts (seed + 1) with `c.drafter`, `c.drafter_train` and `c.warmup`; returns (drafter, meta)."""
+def _drafter_warmup(c: ml_collections.ConfigDict):
+  """What `c`'s warm-up drafter is made from: the workload of `c.warmup_prompts` prompts (seed + 1)
+  and the drafter, training and warm-up configs."""
   from tlt_jax.drafter.model import DrafterConfig
   from tlt_jax.drafter.train import DrafterTrainConfig
-  from tlt_jax.drafter.warmup import WarmupConfig, warm_up
-  from tlt_jax.sft import default_cache_dir
+  from tlt_jax.drafter.warmup import WarmupConfig
   w = build_workload(c, c.warmup_prompts, c.seed + 1)
   dcfg = DrafterConfig(**{k: tuple(v) if k == "feature_layers" else v
                           for k, v in c.drafter.items()})
-  return warm_up(w.model, w.prompts, w.params, pad_id=w.tokenizer.pad_id, dcfg=dcfg,
-                 tcfg=DrafterTrainConfig(**c.drafter_train), wcfg=WarmupConfig(**c.warmup),
-                 cache_root=c.cache_dir or default_cache_dir(), progress=progress)
+  return w, dcfg, DrafterTrainConfig(**c.drafter_train), WarmupConfig(**c.warmup)
+
+
+def drafter_key(c: ml_collections.ConfigDict) -> str:
+  """The key under which `c`'s warm-up drafter is cached or shipped (nothing is trained)."""
+  from tlt_jax.drafter.warmup import warmup_key
+  w, dcfg, tcfg, wcfg = _drafter_warmup(c)
+  return warmup_key(w.model, w.prompts, w.params, dcfg, tcfg, wcfg)
+
+
+def build_drafter(c: ml_collections.ConfigDict, progress: bool = True):
+  """The warm-up EAGLE drafter of `c`'s policy (shipped, cached, or trained on rollouts of
+  `c.warmup_prompts` prompts with `c.drafter`, `c.drafter_train` and `c.warmup`); returns
+  (drafter, meta)."""
+  from tlt_jax.drafter.warmup import warm_up
+  from tlt_jax.sft import default_cache_dir
+  w, dcfg, tcfg, wcfg = _drafter_warmup(c)
+  return warm_up(w.model, w.prompts, w.params, pad_id=w.tokenizer.pad_id, dcfg=dcfg, tcfg=tcfg,
+                 wcfg=wcfg, cache_root=c.cache_dir or default_cache_dir(), progress=progress)

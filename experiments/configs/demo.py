@@ -10,6 +10,8 @@ Run:
   make demo            # = python -m experiments.demo --config=experiments/configs/demo.py
 Small CPU variant (tests):
   python -m experiments.demo --config=experiments/configs/demo.py:small
+The TLT run's warm-up drafter alone (`make warmstart` ships it with the package):
+  python -m experiments.drafter_warmup --config=experiments/configs/demo.py:drafter --ship
 """
 
 import ml_collections
@@ -18,8 +20,8 @@ from experiments.configs import sft_tiny, tiny_baseline, tiny_tlt
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  if variant not in ("", "small"):
-    raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
+  if variant not in ("", "small", "drafter"):
+    raise ValueError(f"Unknown variant {variant!r}; use '', 'small' or 'drafter'.")
   small = "small" if variant == "small" else ""
   c = ml_collections.ConfigDict()
   c.sft = sft_tiny.get_config(small)
@@ -42,6 +44,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       run.eval_prompts, run.eval_group_size = 128, 8
       run.warmup.steps = 150         # a shorter drafter warm-up than drafter_tiny's 300 steps
       run.engine.max_batch = 64      # evaluation waves of a training wave's shape: shared programs
+      # Four batch buckets, not eight: each is a program per arm and shard for the warm-up to
+      # build. Rows compact to 8 when speculation starts (threshold 8), then to 2.
+      run.engine.batch_buckets = (2, 8, 32, 64)
   c.tlt.steps = 10 if not small else c.tlt.steps  # the baseline's first steps, same schedule
   c.tlt.eval_every = 0
   # Two proposers and the plain arm: each arm is a program per batch bucket <= threshold and
@@ -49,4 +54,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.tlt.spec.arms = (("eagle", 3, 0), ("suffix", 4, 3), ("plain", 1, 0))
   if small:
     c.eval.num_prompts, c.eval.group_size = 8, 4
+  if variant == "drafter":  # the TLT run's config with the demo's warm start, on one device
+    c.tlt.sft = c.sft
+    c.tlt.engine.num_shards = 1
+    return c.tlt
   return c

@@ -3,7 +3,8 @@
 The target samples responses to task prompts with the rollout engine; the drafter is trained with
 TLT's loss on those sequences (teacher forcing on the target's hidden states). The result is saved
 with its config under a key made of the target's weights and the warm-up settings, so later runs
-load it instead of retraining.
+load it instead of retraining. A drafter shipped with the package under that key (the demo's, in
+`assets/drafters/<key>/drafter.safetensors`) is used before the cache.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
 from tqdm import tqdm
 
 from tlt_jax.checkpoint import Checkpointer
@@ -26,6 +30,10 @@ from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer, teacher_ba
 from tlt_jax.models.transformer import PARAM_LAYOUT
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.sampling import SamplingParams
+
+SHIPPED_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
+                            "drafters")
+WEIGHTS = "drafter.safetensors"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +120,8 @@ def train_on_sequences(target, toks, mask, dcfg: DrafterConfig, tcfg: DrafterTra
 
 def save_drafter(drafter: Drafter, directory: str, meta: dict) -> None:
   """The deployable artifact: orbax parameters plus the drafter and target configs as JSON, and
-  the same weights as `drafter.safetensors` (dotted parameter paths) for other frameworks."""
-  from safetensors.numpy import save_file
+  the same weights as `drafter.safetensors` (dotted parameter paths, configs and `meta` in its
+  metadata) for other frameworks and for shipping."""
   state = nnx.state(drafter, nnx.Param)
   configs = {"drafter_config": dataclasses.asdict(drafter.cfg),
              "target_config": drafter.target_cfg.to_dict()}
@@ -122,8 +130,19 @@ def save_drafter(drafter: Drafter, directory: str, meta: dict) -> None:
   ck.wait()
   flat = {".".join(map(str, path)): np.asarray(v, np.float32)
           for path, v in nnx.to_flat_state(state)}
-  save_file(flat, os.path.join(directory, "drafter.safetensors"),
-            metadata={"configs": json.dumps(configs, default=str)})
+  save_file(flat, os.path.join(directory, WEIGHTS),
+            metadata={"configs": json.dumps(configs, default=str),
+                      "meta": json.dumps(meta, default=str)})
+
+
+def _drafter_config(configs: dict, target, where: str) -> DrafterConfig:
+  """The drafter config saved in `configs`, after checking it was made for `target`."""
+  same = lambda d: {**d, "head_dim": d.get("head_dim") or d["d_model"] // d["n_heads"]}
+  if configs.get("target_config") and same(configs["target_config"]) != same(target.cfg.to_dict()):
+    raise ValueError(f"The drafter in {where} was made for another target "
+                     f"({configs['target_config']}); warm up one for this policy.")
+  return DrafterConfig(**{k: tuple(v) if isinstance(v, list) else v
+                          for k, v in configs.get("drafter_config", {}).items()})
 
 
 def load_drafter(directory: str, target) -> tuple[Drafter, dict]:
@@ -132,34 +151,66 @@ def load_drafter(directory: str, target) -> tuple[Drafter, dict]:
   if ck.latest_step() is None:
     raise FileNotFoundError(f"No drafter artifact in {directory}; create one with "
                             "`python -m experiments.drafter_warmup`.")
-  meta = ck.read_meta()
-  dcfg = DrafterConfig(**{k: tuple(v) if isinstance(v, list) else v
-                          for k, v in meta.get("drafter_config", {}).items()})
-  same = lambda d: {**d, "head_dim": d.get("head_dim") or d["d_model"] // d["n_heads"]}
-  if meta.get("target_config") and same(meta["target_config"]) != same(target.cfg.to_dict()):
-    raise ValueError(f"The drafter in {directory} was made for another target "
-                     f"({meta['target_config']}); warm up one for this policy.")
+  dcfg = _drafter_config(ck.read_meta(), target, directory)
   abstract = nnx.eval_shape(lambda: init_drafter(target.cfg, dcfg))
   graphdef, abstract_params = nnx.split(abstract, nnx.Param)
   params, meta, _ = ck.restore(abstract_params)
   return nnx.merge(graphdef, params), meta
 
 
+def load_shipped_drafter(directory: str, target) -> tuple[Drafter, dict]:
+  """Loads the `drafter.safetensors` in `directory` (a shipped drafter) for `target`."""
+  path = os.path.join(directory, WEIGHTS)
+  with safe_open(path, framework="numpy") as f:
+    info = f.metadata() or {}
+    flat = {name: f.get_tensor(name) for name in f.keys()}
+  dcfg = _drafter_config(json.loads(info.get("configs", "{}")), target, path)
+  drafter = nnx.eval_shape(lambda: init_drafter(target.cfg, dcfg))
+  graphdef, abstract = nnx.split(drafter, nnx.Param)
+  leaves = []
+  for p, v in nnx.to_flat_state(abstract):
+    name = ".".join(map(str, p))
+    if name not in flat or flat[name].shape != v.shape:
+      raise ValueError(f"{path} does not hold this drafter's parameter {name} {v.shape}; "
+                       "regenerate it with `make warmstart`.")
+    leaves.append((p, jnp.asarray(flat[name], v.dtype)))
+  return nnx.merge(graphdef, nnx.from_flat_state(leaves)), json.loads(info.get("meta", "{}"))
+
+
+def ship_drafter(cache_dir: str, key: str, root: str = SHIPPED_ROOT) -> str:
+  """Copies the weights file of the cached drafter in `cache_dir` to `root/key` (the package's
+  assets); returns that directory."""
+  directory = os.path.join(root, key)
+  os.makedirs(directory, exist_ok=True)
+  shutil.copyfile(os.path.join(cache_dir, WEIGHTS), os.path.join(directory, WEIGHTS))
+  return directory
+
+
+def warmup_key(target, prompts, params: SamplingParams, dcfg: DrafterConfig,
+               tcfg: DrafterTrainConfig, wcfg: WarmupConfig) -> str:
+  """The drafter's cache key: the target's weights, the warm-up settings and its prompts."""
+  return hashlib.sha256(json.dumps([PARAM_LAYOUT, target_fingerprint(target),
+                                    dataclasses.asdict(dcfg), dataclasses.asdict(tcfg),
+                                    dataclasses.asdict(wcfg), repr(params),
+                                    [list(map(int, p)) for p in prompts]],
+                                   default=str).encode()).hexdigest()[:12]
+
+
 def warm_up(target, prompts, params: SamplingParams, *, pad_id: int, dcfg: DrafterConfig,
             tcfg: DrafterTrainConfig, wcfg: WarmupConfig, cache_root: str,
             progress: bool = True) -> tuple[Drafter, dict]:
-  """The cached warm-up drafter for `target` (trained and cached first if missing)."""
-  key = hashlib.sha256(json.dumps([PARAM_LAYOUT, target_fingerprint(target),
-                                   dataclasses.asdict(dcfg), dataclasses.asdict(tcfg),
-                                   dataclasses.asdict(wcfg), repr(params),
-                                   [list(map(int, p)) for p in prompts]],
-                                  default=str).encode()
-                       ).hexdigest()[:12]
+  """The warm-up drafter for `target`: shipped with the package, else cached, else trained and
+  cached. `meta["key"]` is its key; `meta["shipped"]` says where it came from."""
+  key = warmup_key(target, prompts, params, dcfg, tcfg, wcfg)
+  shipped = os.path.join(SHIPPED_ROOT, key)
+  if os.path.exists(os.path.join(shipped, WEIGHTS)):
+    drafter, meta = load_shipped_drafter(shipped, target)
+    return drafter, dict(meta, cache=shipped, cached=True, shipped=True, key=key)
   directory = os.path.join(cache_root, "drafter", key)
   if os.path.isdir(directory) and Checkpointer(directory).latest_step() is not None:
     drafter, meta = load_drafter(directory, target)
-    return drafter, dict(meta, cache=directory, cached=True)
+    return drafter, dict(meta, cache=directory, cached=True, shipped=False, key=key)
   toks, mask = rollout_sequences(target, prompts, params, wcfg, pad_id)
   drafter, metrics = train_on_sequences(target, toks, mask, dcfg, tcfg, wcfg, progress)
   save_drafter(drafter, directory, metrics)
-  return drafter, dict(metrics, cache=directory, cached=False)
+  return drafter, dict(metrics, cache=directory, cached=False, shipped=False, key=key)
