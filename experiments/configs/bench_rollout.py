@@ -35,7 +35,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.instruction = "Answer briefly."  # the smollm2 workload's prompt suffix
   if variant == "small":
     c.num_prompts, c.group_size, c.max_new_tokens = 4, 4, 24
-    c.engine.batch_buckets, c.engine.max_batch = (1, 2, 4, 8, 16), 16
+    # Two batch buckets (16 rows compacting to 4): every bucket is programs to build.
+    c.engine.batch_buckets, c.engine.max_batch = (4, 16), 16
     c.dispatch_sweep = (2,)
     c.layout_pool_prompts = 64
   elif variant:
