@@ -13,7 +13,7 @@ from ml_collections import config_flags
 from experiments import launch
 from tlt_jax.models.pretrained import load_policy
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
-from tlt_jax.rollout.cost import (cost_table, drafter_cost_table, machine_floors,
+from experiments.benchmarks.cost import (cost_table, drafter_cost_table, machine_floors,
                                   matmul_only_cost, param_bytes, speculation_bound)
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_cost.py")

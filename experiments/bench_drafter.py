@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from experiments import launch  # noqa: E402
-from tlt_jax.drafter.bench import accept_len, hidden_state_error  # noqa: E402
+from experiments.benchmarks.drafter import accept_len, hidden_state_error  # noqa: E402
 from tlt_jax.rl.run import build_trainer  # noqa: E402
 from tlt_jax.rollout.engine import EngineConfig  # noqa: E402
 from tlt_jax.workloads import build_drafter, build_workload  # noqa: E402

@@ -13,8 +13,8 @@ import jax
 from ml_collections import config_flags
 
 from experiments import launch
-from tlt_jax.rollout import bench
-from tlt_jax.rollout.cost import step_against_floor
+from experiments.benchmarks import rollout as bench
+from experiments.benchmarks.cost import step_against_floor
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.workloads import build_workload
 

@@ -12,7 +12,7 @@ from ml_collections import config_flags
 
 from experiments import launch
 from tlt_jax.rollout.engine import EngineConfig
-from tlt_jax.spec import bench
+from experiments.benchmarks import spec as bench
 from tlt_jax.spec.strategy import spec_config_from_dict
 from tlt_jax.workloads import build_drafter, build_workload
 

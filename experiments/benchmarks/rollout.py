@@ -119,7 +119,9 @@ def compile_seconds_in_fresh_processes(module: str, config_arg: str, cache_dir: 
 
 def engine_vs_hf(model, hf_model, prompt_ids: list[int], batch: int, new_tokens: int,
                  engine_cfg: EngineConfig, pad_id: int) -> dict:
-  """Greedy tokens/s of the engine ÷ HF `generate` (torch threads = 2), same new-token count."""
+  """Greedy tokens/s of the engine ÷ HF `generate` (torch threads = 2), same new-token count.
+  torch is imported here: it is an optional dependency (the test extras), needed only by this
+  comparison (`hf_compare`)."""
   import torch
   torch.set_num_threads(2)
   params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)  # no stop: full length

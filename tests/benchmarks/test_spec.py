@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tlt_jax.rollout.timeline import Timeline
-from tlt_jax.spec.bench import sd_speedup
+from experiments.benchmarks.spec import sd_speedup
 
 
 def _rollout(tokens, events):

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from tlt_jax.drafter.model import drafter_cache
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.rollout.sampling import SamplingParams, argmax, processed_logprobs
 
@@ -185,7 +186,6 @@ def drafter_step_runner(target, drafter, batch: int, tokens: int, cache_len: int
   inputs per row over a committed prefix (a chain step feeds 1, a tree level its expanded
   nodes), the draft head over its vocabulary on the last input, the processed distribution and
   a Gumbel-max draw with noise over the target's vocabulary."""
-  from tlt_jax.drafter.model import drafter_cache
   tgraph, tstate = nnx.split(target)
   dgraph, dstate = nnx.split(drafter)
   prefix_B = jnp.full((batch,), prefix, jnp.int32)

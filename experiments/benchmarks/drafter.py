@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tlt_jax.drafter.buffer import BufferConfig, DataBuffer
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
@@ -32,7 +33,6 @@ def accept_len(policy, drafter, prompts, group_size: int, params, engine_cfg: En
 
 def hidden_state_error(policy, prompts, group_size: int, result, rows: int = 16) -> float:
   """Max |captured hidden - full forward| over every position of the first `rows` rows."""
-  from tlt_jax.drafter.buffer import DataBuffer, BufferConfig
   buf = DataBuffer(BufferConfig(max_tokens=10 ** 9))
   buf.add_rollout(prompts, group_size, result, 0, 0)
   worst = 0.0

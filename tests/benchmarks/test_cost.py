@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import small_config
 from tlt_jax.models import init_model
-from tlt_jax.rollout.cost import (matmul_only_cost, param_bytes, product_chain,
+from experiments.benchmarks.cost import (matmul_only_cost, param_bytes, product_chain,
                                   speculation_bound, step_against_floor)
 
 
