@@ -25,6 +25,7 @@ import optax
 from flax import nnx
 from tqdm import tqdm
 
+from tlt_jax import optim
 from tlt_jax.checkpoint import CheckpointError, Checkpointer
 from tlt_jax.models import Transformer, get_preset, init_model
 from tlt_jax.models.pretrained import load_hf_folder, save_pretrained
@@ -113,11 +114,8 @@ def next_token_loss(model: Transformer, tokens_BxT, mask_BxT):
 
 
 def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  warmup = min(train.warmup_steps, max(train.steps - 1, 0))
-  schedule = optax.warmup_cosine_decay_schedule(0.0, train.lr, warmup, max(train.steps, warmup + 1),
-                                                end_value=train.lr * 0.1)
-  return optax.chain(optax.clip_by_global_norm(train.clip), optax.adamw(
-      schedule, b1=0.9, b2=0.98, weight_decay=train.weight_decay))
+  return optim.adamw(train.lr, warmup_steps=train.warmup_steps, total_steps=train.steps, b2=0.98,
+                     weight_decay=train.weight_decay, clip=train.clip)
 
 
 def train(config: ml_collections.ConfigDict, progress: bool = True) -> tuple[Transformer, dict]:

@@ -14,6 +14,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from tlt_jax import optim
 from tlt_jax.drafter.losses import drafter_loss
 from tlt_jax.drafter.model import Drafter, target_features
 
@@ -26,9 +27,8 @@ class DrafterTrainConfig:
   clip: float = 1.0
 
   def optimizer(self) -> optax.GradientTransformation:
-    schedule = optax.linear_schedule(0.0, self.lr, max(self.warmup_steps, 1))
-    return optax.chain(optax.clip_by_global_norm(self.clip),
-                       optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=self.weight_decay))
+    return optim.adamw(self.lr, warmup_steps=self.warmup_steps, b2=0.95,
+                       weight_decay=self.weight_decay, clip=self.clip)
 
 
 def teacher_batch(target, tokens_BxL: np.ndarray, cfg) -> tuple[jax.Array, jax.Array]:

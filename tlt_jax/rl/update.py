@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from tlt_jax import optim
 from tlt_jax.models.sharding import batch_sharding, param_shardings
 from tlt_jax.rl.grpo import GRPOConfig, grpo_loss, token_logprobs
 from tlt_jax.rollout.sampling import SamplingParams
@@ -34,11 +35,9 @@ class OptimConfig:
   b2: float = 0.999
 
   def optimizer(self) -> optax.GradientTransformation:
-    warmup = min(self.warmup_steps, max(self.total_steps - 1, 0))
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, self.lr, warmup, max(self.total_steps, warmup + 1), self.lr * self.end_lr_fraction)
-    return optax.chain(optax.clip_by_global_norm(self.clip), optax.adamw(
-        schedule, b1=self.b1, b2=self.b2, weight_decay=self.weight_decay))
+    return optim.adamw(self.lr, warmup_steps=self.warmup_steps, total_steps=self.total_steps,
+                       end_lr_fraction=self.end_lr_fraction, b1=self.b1, b2=self.b2,
+                       weight_decay=self.weight_decay, clip=self.clip)
 
 
 @jax.tree_util.register_dataclass
