@@ -19,8 +19,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 # The suite builds hundreds of small programs, and on CPU most of a test's time is LLVM compiling
-# them. Its cheap optimisation level halves that (measured: a drafter test 76 s -> 42 s cold); the
-# programs run a little slower, which tests of millisecond programs do not feel. What the tests
+# them. Its cheap optimisation level nearly halves that (a drafter test 76 s -> 46 s cold); the
+# programs run slower, which compile-bound tests barely feel (training-bound launchers run without
+# it: `tests.test_launchers.run_module(fast_compile=False)`). What the tests
 # assert (SD equals plain decoding, one device equals two, ...) compares programs built under the
 # same flags, as on any backend. Subprocesses inherit the flags.
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"

@@ -111,11 +111,13 @@ def test_a_run_killed_with_sigkill_resumes_the_same_trajectory(tmp_path):
   proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
   deadline = time.time() + 600
-  while not (killed / "checkpoints" / "2").is_dir():  # orbax renames a finished step into place
-    assert proc.poll() is None and time.time() < deadline, "the run ended before step 2"
-    time.sleep(0.2)
-  os.kill(proc.pid, signal.SIGKILL)
-  proc.wait()
+  try:
+    while not (killed / "checkpoints" / "2").is_dir():  # orbax renames a finished step in place
+      assert proc.poll() is None and time.time() < deadline, "the run ended before step 2"
+      time.sleep(0.2)
+  finally:  # killed whether it reached step 2 or the test gave up on it
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
   assert len(read_metrics(str(killed))) < 5
   resumed = last_json(run_module("experiments.train_grpo", *common, f"--config.out_dir={killed}"))
   assert resumed["first_step"] >= 2

@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run_module(module: str, *args: str, timeout: int = 600,
                fast_compile: bool = True) -> subprocess.CompletedProcess:
   """Runs `python -m module args`; with `fast_compile=False` under XLA's default flags, as a user
-  runs it (the suite's cheap LLVM level halves compile time but slows long computations 2x)."""
+  runs it (the suite's cheap LLVM level nearly halves compile time but slows long computations:
+  the SFT launcher test took 181 s under it, 94 s without; docs/BENCHMARKS.md)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
   if not fast_compile:
     env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(FAST_COMPILE, "").strip()
