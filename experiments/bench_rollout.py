@@ -5,6 +5,7 @@
 """
 
 import json
+import os
 import sys
 import tempfile
 import time
@@ -15,6 +16,7 @@ from ml_collections import config_flags
 from experiments import launch
 from experiments.benchmarks import rollout as bench
 from experiments.benchmarks.cost import step_against_floor
+from tlt_jax.models.pretrained import smollm2_gguf_path
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.workloads import build_workload
 
@@ -58,10 +60,8 @@ def main(argv):
                                                           cache_dir)
   out.update(cold_compile_s=cold, warm_compile_s=warm)
   if c.hf_compare:
-    import torch
+    import torch  # the test extra's, for this comparison only
     import transformers
-    from tlt_jax.models.pretrained import smollm2_gguf_path
-    import os
     path = smollm2_gguf_path()
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()

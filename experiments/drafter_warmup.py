@@ -16,6 +16,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import launch
+from tlt_jax.drafter.proposer import EagleProposer
 from tlt_jax.drafter.warmup import ship_drafter
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig, Strategy
@@ -40,7 +41,7 @@ def main(argv):
     spec = SpecConfig(threshold=10**6, arms=(Strategy("eagle", depth=4),), min_accept_len=0.0,
                       rule="coupled")
     engine = RolloutEngine(w.model, EngineConfig.from_dict(c.engine), pad_id=w.tokenizer.pad_id,
-                           spec=spec, drafter=drafter)
+                           spec=spec, drafter=EagleProposer(drafter))
     engine.generate(eval_prompts, 1, params, jax.random.key(c.seed))
     accept[f"accept_len_{name}_heldout"] = round(engine.spec.accept_len(), 3)
   train = {k: meta[k] for k in sorted(meta) if k.startswith("top1_agreement")}

@@ -11,11 +11,12 @@ import jax
 from absl import app, flags
 
 from experiments import launch
+from tlt_jax.drafter.proposer import EagleProposer
 from tlt_jax.drafter.warmup import load_drafter
 from tlt_jax.models.pretrained import load_pretrained
+from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.plain import generate_plain
-from tlt_jax.rollout.sampling import SamplingParams
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 _MODEL = flags.DEFINE_string("model", "smollm2", "Preset name, HF checkpoint folder or .gguf file.")
@@ -61,7 +62,7 @@ def main(argv):
     spec = SpecConfig(threshold=1, arms=(arm,), min_accept_len=0.0)
     engine = RolloutEngine(model, EngineConfig(batch_buckets=(1,), max_batch=1,
                                                prefill_buckets=(max(16, len(prompt_ids)),)),
-                           pad_id=tok.pad_id, spec=spec, drafter=drafter)
+                           pad_id=tok.pad_id, spec=spec, drafter=EagleProposer(drafter))
     ids = engine.generate([prompt_ids], 1, params, jax.random.key(_SEED.value)).response(0)
     extra = {"accept_len": round(engine.spec.accept_len(), 3)}
   else:

@@ -7,9 +7,8 @@ import os
 
 import jax
 import numpy as np
-from flax import nnx
-
 import pytest
+from flax import nnx
 
 from experiments.configs import demo, sft_tiny
 from tests.conftest import small_config
@@ -18,7 +17,7 @@ from tlt_jax.drafter import warmup
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.models import get_preset, init_model
 from tlt_jax.models.pretrained import save_pretrained
-from tlt_jax.tasks.tokenizer import CharTokenizer
+from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.workloads import build_drafter, drafter_key
 
 

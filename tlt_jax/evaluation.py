@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from tqdm import tqdm
 
+from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.rollout.plain import generate_plain
-from tlt_jax.rollout.sampling import SamplingParams
 from tlt_jax.tasks import arithmetic
 from tlt_jax.tasks.math_answers import verify
 from tlt_jax.tasks.math_data import INSTRUCTION, MathProblem, chat_prompt
-from tlt_jax.tasks.tokenizer import CharTokenizer
 
 
 def task_lengths(task: arithmetic.TaskConfig) -> tuple[int, int]:
@@ -36,7 +37,6 @@ def _score_groups(model, prompts: list[list[int]], score, *, group_size: int,
                   params: SamplingParams, seed: int, rows_per_call: int, pad_id: int,
                   prompt_bucket: int, progress: bool = False) -> dict:
   """Samples `group_size` responses per prompt in chunks; `score(prompt_index, ids) -> reward`."""
-  from tqdm import tqdm
   rows = [p for p in prompts for _ in range(group_size)]
   key = jax.random.key(seed)
   rewards, lengths = [], []

@@ -26,12 +26,12 @@ from flax import nnx
 from tqdm import tqdm
 
 from tlt_jax import optim
-from tlt_jax.checkpoint import CheckpointError, Checkpointer
+from tlt_jax.checkpoint import Checkpointer, CheckpointError
 from tlt_jax.models import Transformer, get_preset, init_model
 from tlt_jax.models.pretrained import load_hf_folder, save_pretrained
+from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.models.transformer import PARAM_LAYOUT
 from tlt_jax.tasks import arithmetic
-from tlt_jax.tasks.tokenizer import CharTokenizer
 
 LENGTH_BUCKETS = (64, 128, 256)
 SHIPPED_DIR = os.path.join(os.path.dirname(__file__), "assets", "tiny_warmstart")

@@ -7,10 +7,18 @@ import dataclasses
 
 import ml_collections
 
+from tlt_jax import sft
+from tlt_jax.drafter.model import DrafterConfig
+from tlt_jax.drafter.train import DrafterTrainConfig
+from tlt_jax.drafter.warmup import WarmupConfig, warm_up, warmup_key
 from tlt_jax.evaluation import task_lengths
-from tlt_jax.rollout.sampling import SamplingParams
+from tlt_jax.models.pretrained import load_pretrained
+from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.tasks import arithmetic
-from tlt_jax.tasks.tokenizer import CharTokenizer
+from tlt_jax.tasks.math_answers import verify
+from tlt_jax.tasks.math_data import chat_prompt
+from tlt_jax.tasks.word_problems import WordProblemConfig, make_word_problems
 
 
 @dataclasses.dataclass
@@ -33,7 +41,6 @@ def build_workload(c: ml_collections.ConfigDict, num_prompts: int, seed: int,
   """
   difficulty = dict(difficulty or {})
   if c.model == "tiny":
-    from tlt_jax import sft
     model, _ = sft.warm_start(c.sft)
     tok = CharTokenizer(model.cfg.vocab_size)
     task = arithmetic.TaskConfig.from_dict(c.sft.task)
@@ -49,10 +56,6 @@ def build_workload(c: ml_collections.ConfigDict, num_prompts: int, seed: int,
     else:
       raise ValueError(f"config.reward must be 'answer' or 'progress', got {kind!r}.")
   elif c.model == "smollm2":
-    from tlt_jax.models.pretrained import load_pretrained
-    from tlt_jax.tasks.math_answers import verify
-    from tlt_jax.tasks.math_data import chat_prompt
-    from tlt_jax.tasks.word_problems import WordProblemConfig, make_word_problems
     model, tok = load_pretrained("smollm2")
     problems = make_word_problems(
         num_prompts, narrowed(WordProblemConfig(**c.word_problems), difficulty), seed)
@@ -94,9 +97,6 @@ def narrowed(task, difficulty: dict):
 def _drafter_warmup(c: ml_collections.ConfigDict):
   """What `c`'s warm-up drafter is made from: the workload of `c.warmup_prompts` prompts (seed + 1)
   and the drafter, training and warm-up configs."""
-  from tlt_jax.drafter.model import DrafterConfig
-  from tlt_jax.drafter.train import DrafterTrainConfig
-  from tlt_jax.drafter.warmup import WarmupConfig
   w = build_workload(c, c.warmup_prompts, c.seed + 1)
   dcfg = DrafterConfig(**{k: tuple(v) if k == "feature_layers" else v
                           for k, v in c.drafter.items()})
@@ -105,7 +105,6 @@ def _drafter_warmup(c: ml_collections.ConfigDict):
 
 def drafter_key(c: ml_collections.ConfigDict) -> str:
   """The key under which `c`'s warm-up drafter is cached or shipped (nothing is trained)."""
-  from tlt_jax.drafter.warmup import warmup_key
   w, dcfg, tcfg, wcfg = _drafter_warmup(c)
   return warmup_key(w.model, w.prompts, w.params, dcfg, tcfg, wcfg)
 
@@ -114,8 +113,6 @@ def build_drafter(c: ml_collections.ConfigDict, progress: bool = True):
   """The warm-up EAGLE drafter of `c`'s policy (shipped, cached, or trained on rollouts of
   `c.warmup_prompts` prompts with `c.drafter`, `c.drafter_train` and `c.warmup`); returns
   (drafter, meta)."""
-  from tlt_jax.drafter.warmup import warm_up
-  from tlt_jax.sft import default_cache_dir
   w, dcfg, tcfg, wcfg = _drafter_warmup(c)
   return warm_up(w.model, w.prompts, w.params, pad_id=w.tokenizer.pad_id, dcfg=dcfg, tcfg=tcfg,
-                 wcfg=wcfg, cache_root=c.cache_dir or default_cache_dir(), progress=progress)
+                 wcfg=wcfg, cache_root=c.cache_dir or sft.default_cache_dir(), progress=progress)

@@ -15,7 +15,7 @@ from flax import nnx
 
 from tlt_jax.drafter.model import drafter_cache
 from tlt_jax.models import kv_cache as kvc
-from tlt_jax.rollout.sampling import SamplingParams, argmax, processed_logprobs
+from tlt_jax.models.sampling import SamplingParams, argmax, processed_logprobs
 
 _COST_PARAMS = SamplingParams(temperature=0.9)  # a sampled draft, as in the benchmarks
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tlt_jax.drafter.buffer import BufferConfig, DataBuffer
+from tlt_jax.drafter.proposer import EagleProposer
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
@@ -26,7 +27,7 @@ def accept_len(policy, drafter, prompts, group_size: int, params, engine_cfg: En
   spec = SpecConfig(threshold=engine_cfg.max_batch, rule="coupled", epsilon=0.0,
                     min_accept_len=0.0, arms=(Strategy("eagle", depth, 0),))
   cfg = dataclasses.replace(engine_cfg, num_shards=1, precompile=False)
-  engine = RolloutEngine(policy, cfg, pad_id=pad_id, spec=spec, drafter=drafter)
+  engine = RolloutEngine(policy, cfg, pad_id=pad_id, spec=spec, drafter=EagleProposer(drafter))
   res = engine.generate(prompts, group_size, params, jax.random.key(seed), capture_hidden=True)
   return float(engine.spec.accept_len()), res
 

@@ -17,9 +17,9 @@ import time
 import jax
 import numpy as np
 
+from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.plain import generate_plain
-from tlt_jax.rollout.sampling import SamplingParams
 
 
 def timed(fn):

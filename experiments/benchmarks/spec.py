@@ -10,8 +10,9 @@ import time
 
 import numpy as np
 
+from tlt_jax.drafter.proposer import as_proposer
+from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
-from tlt_jax.rollout.sampling import SamplingParams
 from tlt_jax.spec.strategy import SpecConfig
 
 
@@ -75,7 +76,8 @@ def compare(model, prompts, g, params: SamplingParams, engine_cfg: EngineConfig,
             spec: SpecConfig, key, pad_id=0, repeats=2, drafter=None) -> dict:
   engine_cfg = dataclasses.replace(engine_cfg, precompile=True)
   plain_engine = RolloutEngine(model, engine_cfg, pad_id=pad_id)
-  sd_engine = RolloutEngine(model, engine_cfg, pad_id=pad_id, spec=spec, drafter=drafter)
+  sd_engine = RolloutEngine(model, engine_cfg, pad_id=pad_id, spec=spec,
+                            drafter=as_proposer(drafter))
   plain, plain_s = _best_of(plain_engine, prompts, g, params, key, repeats)
   sd_engine.spec.reset_stats()
   sd, sd_s = _best_of(sd_engine, prompts, g, params, key, repeats)
@@ -125,7 +127,8 @@ def arm_sweep(model, prompts, rows_list, params: SamplingParams, engine_cfg: Eng
         continue
       one = dataclasses.replace(spec, threshold=max(engine_cfg.batch_buckets), arms=(arm,),
                                 min_accept_len=0.0, epsilon=0.0)
-      engine = RolloutEngine(model, engine_cfg, pad_id=pad_id, spec=one, drafter=drafter)
+      engine = RolloutEngine(model, engine_cfg, pad_id=pad_id, spec=one,
+                             drafter=as_proposer(drafter))
       sd = best(engine, rows)
       table.append({"rows": rows, "arm": arm.name, "plain_s": round(_decode_s(plain), 4),
                     "sd_s": round(_decode_s(sd), 4),

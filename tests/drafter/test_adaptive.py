@@ -14,18 +14,19 @@ from tests.spec.test_spec_engine import _prompts, peaked_model
 from tlt_jax.drafter.adaptive import AdaptiveConfig
 from tlt_jax.drafter.buffer import BufferConfig, DataBuffer, Segment, pack_segments
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
+from tlt_jax.drafter.proposer import EagleProposer
 from tlt_jax.drafter.publish import DrafterPublisher, PublishConfig, chain_accept_len
 from tlt_jax.drafter.spot import SpotConfig, SpotTrainer
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
 from tlt_jax.drafter.warmup import load_drafter
 from tlt_jax.models.pretrained import load_pretrained
+from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.rl.grpo import GRPOConfig
 from tlt_jax.rl.trainer import Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
-from tlt_jax.rollout.sampling import SamplingParams
 from tlt_jax.spec.strategy import SpecConfig, Strategy
-from tlt_jax.tasks.tokenizer import CharTokenizer
 
 
 def _seg(n, step=0, d=4, version=0):
@@ -47,7 +48,7 @@ def sd_rollout():
                     arms=EAGLE + (Strategy(depth=3),))
   eng = RolloutEngine(target, EngineConfig(batch_buckets=(4, 16), max_batch=16,
                                            steps_per_dispatch=3, precompile=False),
-                      spec=spec, drafter=drafter)
+                      spec=spec, drafter=EagleProposer(drafter))
   res = eng.generate(prompts, 2, params, jax.random.key(3), capture_hidden=True)
   return target, drafter, prompts, res, eng
 

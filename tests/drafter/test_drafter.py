@@ -6,14 +6,15 @@ import numpy as np
 import pytest
 
 from tests.conftest import small_config
-from tests.spec.test_spec_engine import (PARAMS, PROMPT, V, _exact_joint, _prompts, peaked_model)
+from tests.spec.test_spec_engine import PARAMS, PROMPT, V, _exact_joint, _prompts, peaked_model
 from tests.statistics import pooled_chi_square_pvalue
 from tlt_jax.drafter.model import DrafterConfig, drafter_cache, init_drafter
+from tlt_jax.drafter.proposer import EagleProposer, as_proposer
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer, teacher_batch
 from tlt_jax.drafter.warmup import draft_vocabulary
 from tlt_jax.models import commit
+from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
-from tlt_jax.rollout.sampling import SamplingParams
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 STOPS = (7, 9, 11)
@@ -70,7 +71,7 @@ def _run(model, params, prompts, g, spec=None, drafter=None, key=0, follow="lazy
   eng = RolloutEngine(model, EngineConfig(batch_buckets=buckets, max_batch=16,
                                           steps_per_dispatch=3, precompile=False,
                                           drafter_follow=follow),
-                      spec=spec, drafter=drafter)
+                      spec=spec, drafter=as_proposer(drafter))
   return eng.generate(prompts, g, params, jax.random.key(key), capture_hidden=True), eng
 
 
@@ -120,7 +121,7 @@ def test_eagle_rejection_matches_plain_sampling_in_distribution(arm):
   eng = RolloutEngine(target, EngineConfig(batch_buckets=(n,), max_batch=n, steps_per_dispatch=4,
                                            precompile=False, prefill_buckets=(16,)),
                       spec=SpecConfig(threshold=n, rule="rejection", min_accept_len=0.0,
-                                      arms=(arm,)), drafter=drafter)
+                                      arms=(arm,)), drafter=EagleProposer(drafter))
   res = eng.generate([PROMPT], n, params, jax.random.key(321))
   idx = np.ravel_multi_index(res.tokens[:, :3].T, (V,) * 3)
   counts = np.bincount(idx, minlength=V ** 3)

@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from tlt_jax.models.pretrained import load_pretrained, save_pretrained  # noqa: E402
+from tlt_jax.models.sampling import SamplingParams  # noqa: E402
 from tlt_jax.models.weights import export  # noqa: E402
 from tlt_jax.rollout.plain import generate_plain  # noqa: E402
-from tlt_jax.rollout.sampling import SamplingParams  # noqa: E402
 
 CORPUS = ["The quick brown fox jumps over the lazy dog.", "12 + 30 = 42, and 7 * 6 = 42 too.",
           "Speculative decoding keeps the output distribution exact.", "Hello, world! <3"] * 20
@@ -125,6 +125,7 @@ def test_clear_errors_for_bad_checkpoints(checkpoint, tmp_path):
 
 def test_missing_smollm2_package_names_the_install_command(monkeypatch):
   import importlib.util
+
   from tlt_jax.models import pretrained
   real = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, "find_spec",

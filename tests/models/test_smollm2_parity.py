@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from tlt_jax.models.pretrained import load_pretrained, smollm2_gguf_path  # noqa: E402
+from tlt_jax.models.sampling import SamplingParams  # noqa: E402
 from tlt_jax.rollout.plain import generate_plain  # noqa: E402
-from tlt_jax.rollout.sampling import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -7,11 +7,11 @@ import pytest
 
 from tests.conftest import run_on_fake_devices, small_config
 from tlt_jax.models import init_model
+from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.sharding import make_mesh
 from tlt_jax.rl.grpo import GRPOConfig, group_advantages, grpo_loss, token_logprobs
 from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater, length_groups
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
-from tlt_jax.rollout.sampling import SamplingParams
 
 
 def test_group_advantages():

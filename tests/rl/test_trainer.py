@@ -9,11 +9,11 @@ import pytest
 
 from tests.conftest import small_config
 from tlt_jax.models import init_model
+from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rl.grpo import GRPOConfig
 from tlt_jax.rl.trainer import Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
-from tlt_jax.rollout.sampling import SamplingParams
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 from tlt_jax.workloads import Workload
 

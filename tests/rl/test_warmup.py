@@ -7,12 +7,12 @@ from tlt_jax.drafter.adaptive import AdaptiveConfig
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.drafter.publish import PublishConfig
 from tlt_jax.drafter.spot import SpotConfig
+from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.rl.grpo import GRPOConfig
 from tlt_jax.rl.trainer import Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.spec.strategy import SpecConfig, Strategy
-from tlt_jax.tasks.tokenizer import CharTokenizer
 
 
 def test_no_step_compiles_after_warm_up(tmp_path):

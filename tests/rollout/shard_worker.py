@@ -9,10 +9,10 @@ from flax import nnx
 
 from tests.conftest import small_config
 from tlt_jax.models import init_model
+from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.sharding import make_mesh, param_shardings
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.plain import generate_plain
-from tlt_jax.rollout.sampling import SamplingParams
 
 
 def main():

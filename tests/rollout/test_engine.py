@@ -8,9 +8,9 @@ import pytest
 from tests.conftest import run_on_fake_devices, small_config
 from tests.statistics import chi_square_pvalue
 from tlt_jax.models import init_model
+from tlt_jax.models.sampling import SamplingParams, processed_logprobs
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.plain import generate_plain
-from tlt_jax.rollout.sampling import SamplingParams, processed_logprobs
 
 STOPS = (7, 9, 11)
 

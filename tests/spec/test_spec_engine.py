@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import small_config
 from tests.statistics import pooled_chi_square_pvalue
 from tlt_jax.models import init_model
+from tlt_jax.models.sampling import SamplingParams, processed_logprobs
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
-from tlt_jax.rollout.sampling import SamplingParams, processed_logprobs
 from tlt_jax.spec import verify
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
@@ -147,7 +147,7 @@ def _accept_all(logp, drafts, q, key, ids, t0):  # wrong: lossy acceptance
 
 
 # A "bonus token drawn from q" bug cannot be written here: after a full accept the bonus is the
-# next step's plain sample from p (see spec/step.py). Tree sibling-mass removal is tested in
+# next step's plain sample from p (see rollout/spec_step.py). Tree sibling-mass removal is tested in
 # test_verify.py.
 @pytest.mark.parametrize("wrong", [_residual_from_p, _uniform_q, _accept_all])
 def test_the_distribution_test_catches_subtly_wrong_rules(vmodel, monkeypatch, wrong):

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.tasks import arithmetic
-from tlt_jax.tasks.tokenizer import CharTokenizer
 
 
 def test_tokenizer_round_trips_and_rejects_foreign_characters():

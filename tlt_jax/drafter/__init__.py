@@ -1,1 +1,5 @@
-"""The EAGLE-style drafter: model, losses, training from rollout hidden states."""
+"""The EAGLE-style drafter: model, losses, training (warm-up on rollouts, buffer, spot trainer,
+publishing) and `EagleProposer`, the engine's draft model.
+
+May import: models, spec, rollout (warm-up rollouts, the engine it publishes to), checkpoint, optim.
+"""

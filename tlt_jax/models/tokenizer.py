@@ -1,10 +1,15 @@
-"""Text tokenizer of a real checkpoint: a `tokenizers.Tokenizer` plus its chat template."""
+"""Tokenizers: a real checkpoint's (`tokenizers.Tokenizer` plus its chat template), and the
+character tokenizer of the built-in arithmetic task (`tasks/`), saved next to its policies."""
 
 from __future__ import annotations
 
 import json
 import os
 from typing import Sequence
+
+import jinja2
+from jinja2 import sandbox
+from tokenizers import Tokenizer
 
 
 class TextTokenizer:
@@ -34,8 +39,6 @@ class TextTokenizer:
     """Renders `messages` with the checkpoint's Jinja chat template (as `transformers` does)."""
     if not self.chat_template:
       raise ValueError("This tokenizer has no chat template; pass --chat only for chat models.")
-    import jinja2
-    from jinja2 import sandbox
 
     def raise_exception(message):
       raise jinja2.exceptions.TemplateError(message)
@@ -60,7 +63,6 @@ class TextTokenizer:
 
   @classmethod
   def from_hf_folder(cls, directory: str) -> "TextTokenizer":
-    from tokenizers import Tokenizer
     path = os.path.join(directory, "tokenizer.json")
     if not os.path.exists(path):
       raise FileNotFoundError(f"{path} is missing: a Hugging Face checkpoint folder needs its "
@@ -77,3 +79,44 @@ class TextTokenizer:
       template = open(jinja_path).read()
     return cls(tok, bos_token=token(cfg.get("bos_token")), eos_token=token(cfg.get("eos_token")),
                chat_template=template, add_bos=bool(cfg.get("add_bos_token", False)))
+
+
+PAD, BOS, EOS = 0, 1, 2
+_CHARS = "0123456789+-*=;#:QA \n"
+
+
+class CharTokenizer:
+  """Maps each character of the task's alphabet to one id; ids 0-2 are PAD, BOS, EOS."""
+
+  pad_id, bos_id, eos_id = PAD, BOS, EOS
+
+  def __init__(self, vocab_size: int = 32):
+    self.chars = _CHARS
+    if vocab_size < 3 + len(self.chars):
+      raise ValueError(f"vocab_size must be >= {3 + len(self.chars)}, got {vocab_size}.")
+    self.vocab_size = vocab_size
+    self._to_id = {c: i + 3 for i, c in enumerate(self.chars)}
+
+  FILE = "char_tokenizer.json"
+
+  def save(self, directory: str) -> None:
+    """Written next to an exported policy, so `load_pretrained(directory)` finds this tokenizer."""
+    with open(os.path.join(directory, self.FILE), "w") as f:
+      json.dump({"kind": "char", "vocab_size": self.vocab_size, "chars": self.chars}, f)
+
+  def encode(self, text: str) -> list[int]:
+    try:
+      return [self._to_id[c] for c in text]
+    except KeyError as e:
+      raise ValueError(f"Character {e.args[0]!r} is not in the task alphabet "
+                       f"{self.chars!r}.") from e
+
+  def decode(self, ids: Sequence[int], stop_at_eos: bool = True) -> str:
+    out = []
+    for i in ids:
+      i = int(i)
+      if i == EOS and stop_at_eos:
+        break
+      if i >= 3 and i - 3 < len(self.chars):
+        out.append(self.chars[i - 3])
+    return "".join(out)

@@ -1,1 +1,5 @@
-"""GRPO: advantages, the clipped policy loss, and the sharded update step."""
+"""GRPO: advantages, the clipped policy loss, the sharded update step, and the training loop.
+
+May import every layer below: workloads, drafter, rollout, spec, models, sft, evaluation, tasks,
+checkpoint, optim.
+"""

@@ -2,7 +2,7 @@
 
 Shapes: `R` rows (responses), `G` responses per prompt (rows of one prompt are contiguous), `N`
 response tokens per row with `mask_RxN` marking real ones. Log-probs are those of the processed
-sampling distribution (`rollout.sampling.processed_logprobs`), the same quantity the rollout
+sampling distribution (`models.sampling.processed_logprobs`), the same quantity the rollout
 recorded, so the ratio is 1 on the first epoch up to numerics.
 """
 
@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from tlt_jax.rollout.sampling import SamplingParams, processed_logprobs
+from tlt_jax.models.sampling import SamplingParams, processed_logprobs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,8 @@ import os
 import jax
 import numpy as np
 
+from tlt_jax.drafter.adaptive import AdaptiveConfig
+from tlt_jax.rl.compare import compare_runs, heldout_change, read_metrics
 from tlt_jax.rl.grpo import GRPOConfig
 from tlt_jax.rl.trainer import Trainer
 from tlt_jax.rl.update import OptimConfig
@@ -29,7 +31,6 @@ def build_trainer(c, progress: bool = True) -> Trainer:
     if drafter is None:
       raise ValueError("config.adaptive needs an EAGLE drafter: add an ('eagle', depth, 0) arm "
                        "to config.spec.arms, or set config.adaptive = {}.")
-    from tlt_jax.drafter.adaptive import AdaptiveConfig
     adaptive = AdaptiveConfig.from_dict(c.adaptive)
   eval_prompts = eval_answers = None
   if c.get("eval_every", 0):
@@ -82,7 +83,6 @@ def run_pair(baseline_cfg, tlt_cfg, progress: bool = True) -> dict:
   same schedule; under the `coupled` rule the same run) and compares them: held-out accuracy
   before/after the baseline's steps with the standard error of the paired change, accepted
   length, speedups, the Amdahl bound, and the warm-ups' seconds (`compile_s`, their sum)."""
-  from tlt_jax.rl.compare import compare_runs, heldout_change, read_metrics
   warmup_s = {}
   for name, c in (("baseline", baseline_cfg), ("tlt", tlt_cfg)):
     print(f"[run] {c.name}: {c.steps} GRPO steps -> {c.out_dir}", flush=True)

@@ -21,9 +21,14 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
 from tlt_jax.checkpoint import Checkpointer
+from tlt_jax.drafter.adaptive import AdaptiveDrafter
+from tlt_jax.drafter.proposer import as_proposer
+from tlt_jax.models.pretrained import save_pretrained
 from tlt_jax.models.sharding import make_mesh
 from tlt_jax.rl.grpo import GRPOConfig, group_advantages
 from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater
@@ -105,12 +110,11 @@ class Trainer:
       longest = max(len(p) for p in list(self.pool_prompts) + list(eval_prompts or []))
       engine_cfg = dataclasses.replace(engine_cfg, max_prompt_len=longest)
     self.engine = RolloutEngine(workload.model, engine_cfg, pad_id=workload.tokenizer.pad_id,
-                                spec=spec, drafter=drafter)
+                                spec=spec, drafter=as_proposer(drafter))
     self.adaptive = None
     if adaptive is not None:
       if drafter is None:
         raise ValueError("An adaptive drafter needs a drafter to start from (the warm-up one).")
-      from tlt_jax.drafter.adaptive import AdaptiveDrafter
       self.adaptive = AdaptiveDrafter(self.engine, drafter, workload.model, adaptive,
                                       workload.tokenizer.pad_id)
     self.export = export
@@ -226,7 +230,6 @@ class Trainer:
     return out, record
 
   def _engine_state(self):
-    from flax import nnx
     return nnx.state(self.updater.model())
 
   def _checkpoint_state(self) -> dict:
@@ -273,7 +276,6 @@ class Trainer:
   def export_artifacts(self) -> str:
     """The final policy as a Hugging Face folder and, with an adaptive drafter, the drafter next
     to it (orbax + config): `experiments.generate --model=DIR/policy --drafter=DIR/drafter`."""
-    from tlt_jax.models.pretrained import save_pretrained
     directory = os.path.join(self.out_dir, "export")
     save_pretrained(self.updater.model(), self.w.tokenizer, os.path.join(directory, "policy"))
     if self.adaptive is not None:
@@ -284,7 +286,6 @@ class Trainer:
     """Warms up, then trains to `steps` (resuming if the run directory has a checkpoint);
     returns this call's step records. Each record's `compile_events` counts every XLA program
     built during its step and evaluations (0 after a complete warm-up)."""
-    from tensorboardX import SummaryWriter
     resumed = self.restore()
     if self.step < self.steps:
       self.warmup_report = self.warm_up(progress)

@@ -15,12 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from tlt_jax import optim
+from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.sharding import batch_sharding, param_shardings
 from tlt_jax.rl.grpo import GRPOConfig, grpo_loss, token_logprobs
-from tlt_jax.rollout.sampling import SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)

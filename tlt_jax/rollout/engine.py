@@ -1,7 +1,7 @@
 """`RolloutEngine`: batched sampling whose batch shrinks into smaller buckets as rows finish.
 
 Rows are `(prompt, sample)` pairs with sample id `i = prompt_index * G + g`; the noise of row `i`
-at response position `t` is addressed (see `sampling.py`), so a row's tokens do not depend on
+at response position `t` is addressed (see `models/sampling.py`), so a row's tokens do not depend on
 which bucket, shard or dispatch produced them.
 
 Each data-parallel shard owns one device and runs its own executables (per-device, not SPMD):
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import pathlib
 import time
 
 import jax
@@ -23,14 +25,15 @@ from flax import nnx
 from jax.sharding import SingleDeviceSharding
 
 from tlt_jax.models import kv_cache as kvc
+from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.plain import pad_prompts
 from tlt_jax.rollout.pool import ExecutablePool, configure_compilation_cache
-from tlt_jax.rollout.sampling import SamplingParams
+from tlt_jax.rollout.spec_step import spec_step
 from tlt_jax.rollout.state import DecodeState, empty_state, needs_layers, plain_step
 from tlt_jax.rollout.timeline import Timeline
 from tlt_jax.spec.controller import SpecController
-from tlt_jax.spec.step import spec_step
+from tlt_jax.spec.proposer import DraftModel
 from tlt_jax.spec.strategy import SpecConfig
 
 
@@ -109,7 +112,7 @@ class RolloutEngine:
   """Generates G samples per prompt with compaction, k-step dispatches and per-device shards."""
 
   def __init__(self, model, config: EngineConfig, *, pad_id: int = 0, devices=None,
-               spec: SpecConfig | None = None, drafter=None):
+               spec: SpecConfig | None = None, drafter: DraftModel | None = None):
     if spec is not None and any(a.uses_drafter for a in spec.arms) and drafter is None:
       raise ValueError("SpecConfig has 'eagle' or 'tree' arms but no drafter was given to the "
                        "engine.")
@@ -126,12 +129,11 @@ class RolloutEngine:
     self.devices = devices[: config.num_shards]
     configure_compilation_cache(config.compile_cache_dir)
     self.graphdef, state = nnx.split(model)
-    self.dgraphdef, dstate = nnx.split(drafter) if drafter is not None else (None, None)
-    self.drafter_features = (drafter.cfg.n_features() * model.cfg.d_model
-                             if drafter is not None else 0)
+    self.drafter = drafter
+    self.dgraphdef, dstate = nnx.split(drafter.module) if drafter is not None else (None, None)
     self.drafter_version = 0
     self.lazy_follow = (drafter is not None and config.drafter_follow == "lazy"
-                        and not drafter.cfg.feature_layers)
+                        and drafter.follows_lazily)
     self.pool = ExecutablePool(cache_dir=config.compile_cache_dir,
                                fingerprint=self._fingerprint((state, dstate)))
     self._params = None
@@ -143,8 +145,6 @@ class RolloutEngine:
 
   def _fingerprint(self, state) -> str:
     """What, besides the pool key, determines a compiled program."""
-    import hashlib
-    import pathlib
     src = hashlib.sha256()
     for f in sorted(pathlib.Path(__file__).resolve().parents[1].rglob("*.py")):
       src.update(f.read_bytes())
@@ -177,8 +177,9 @@ class RolloutEngine:
 
   def _merge(self, weights):
     model = nnx.merge(self.graphdef, weights[0])
-    drafter = nnx.merge(self.dgraphdef, weights[1]) if weights[1] is not None else None
-    return model, drafter
+    if weights[1] is None:
+      return model, None
+    return model, self.drafter.bind(nnx.merge(self.dgraphdef, weights[1]))
 
   # ------------------------------------------------------------------ executables
 
@@ -188,18 +189,18 @@ class RolloutEngine:
 
   def _state_shape(self, b: int, cache_len: int, n: int, capture: bool, hist: int):
     return jax.eval_shape(lambda: empty_state(self.model_cfg, b, cache_len, n, capture, hist,
-                                              self.pad_id, self.drafter_features))
+                                              self.pad_id, self.drafter))
 
   def _prefill_exe(self, shard, b, u, p, cache_len, n, capture, hist):
     """Prefill of `b` rows whose prompts are `u` distinct ones (`u` < `b`: the G samples of a
     prompt share one forward, and its cache rows are copied to them; `u` == `b`: one row each)."""
     key = ("prefill", shard, b, u, p, cache_len, n, capture, hist)
-    cfg, pad_id, nf = self.model_cfg, self.pad_id, self.drafter_features
+    cfg, pad_id = self.model_cfg, self.pad_id
 
     def fn(weights, prompts_UxP, lens_U, src_B, ids_B, active_B, hist_prefix_BxH, hist_len_B,
            corpus_len_B):
       model, drafter = self._merge(weights)
-      st = empty_state(cfg, b, cache_len, n, capture, hist, pad_id, nf)
+      st = empty_state(cfg, b, cache_len, n, capture, hist, pad_id, drafter)
       shared = u < b
       rows_of = (lambda x: x[src_B]) if shared else (lambda x: x)
       cache = kvc.init_cache(cfg, u, cache_len) if shared else st.cache
@@ -214,14 +215,9 @@ class RolloutEngine:
           history_BxH=hist_prefix_BxH, hist_len_B=hist_len_B, corpus_len_B=corpus_len_B)
       if drafter is None:
         return st
-      # The drafter reads the prompt too: pairs (x_{t+1}, feature_t) for t < len - 1.
-      from tlt_jax.drafter.follow import consume, follow_cache
-      from tlt_jax.drafter.model import target_features
-      feats = target_features(out.layers, out.hidden_BxTxD, drafter.cfg).astype(st.feat_BxF.dtype)
-      dcache = follow_cache(cfg, u, cache_len) if shared else st.dcache
-      dcache = consume(drafter, model, dcache, prompts_UxP[:, 1:], feats[:, :-1], last_U)
-      return dataclasses.replace(st, dcache=jax.tree.map(rows_of, dcache),
-                                 feat_BxF=rows_of(feats[urows, last_U]))
+      draft = drafter.init_state(cfg, u, cache_len) if shared else st.draft
+      draft = drafter.prefill(model, draft, prompts_UxP, out, lens_U)  # the drafter reads it too
+      return dataclasses.replace(st, draft=jax.tree.map(rows_of, draft))
 
     def build():
       i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)

@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx
 
 from tlt_jax.models import kv_cache as kvc
-from tlt_jax.rollout.sampling import SamplingParams, sample
+from tlt_jax.models.sampling import SamplingParams, sample
 
 
 @dataclasses.dataclass

@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Hashable
 
 import jax
+from jax.experimental.serialize_executable import deserialize_and_load, serialize
 from tqdm import tqdm
 
 
@@ -81,7 +82,6 @@ class ExecutablePool:
     return os.path.join(self.cache_dir, f"{digest}.exe")
 
   def _load(self, key):
-    from jax.experimental.serialize_executable import deserialize_and_load
     path = self._path(key)
     if not self.cache_dir or not os.path.exists(path):
       return None
@@ -96,7 +96,6 @@ class ExecutablePool:
       return None
 
   def _store(self, key, compiled) -> None:
-    from jax.experimental.serialize_executable import serialize
     if not self.cache_dir:
       return
     try:

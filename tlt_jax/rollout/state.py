@@ -10,12 +10,14 @@ step can follow the other without flushing or re-prefilling.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from tlt_jax.models import kv_cache as kvc
-from tlt_jax.rollout.sampling import SamplingParams, processed_logprobs, sample_from_logprobs
+from tlt_jax.models.sampling import SamplingParams, processed_logprobs, sample_from_logprobs
+from tlt_jax.spec.proposer import DraftModel
 
 
 @jax.tree_util.register_dataclass
@@ -39,21 +41,15 @@ class DecodeState:
   corpus_len_B: jax.Array
   spec_steps_B: jax.Array     # speculative steps taken while live
   spec_tokens_B: jax.Array    # tokens those steps emitted
-  dcache: kvc.KVCache | None = None   # the drafter's cache (see drafter/follow.py), if any
-  feat_BxF: jax.Array | None = None   # target feature of the last fed token, for the drafter
-  dnext_B: jax.Array | None = None    # response tokens the drafter has consumed (lazy following)
+  draft: Any = None           # the draft model's per-row state (`spec.proposer`), if any
 
 
 def empty_state(cfg, b: int, cache_len: int, n: int, capture: bool, history: int,
-                pad_id: int, drafter_features: int = 0) -> DecodeState:
-  """A state of `b` done rows; `drafter_features` > 0 adds a drafter cache and feature slot."""
+                pad_id: int, drafter: DraftModel | None = None) -> DecodeState:
+  """A state of `b` done rows (with the draft model's state when there is one)."""
   i32 = lambda: jnp.zeros((b,), jnp.int32)
-  extra = {}
-  if drafter_features:
-    from tlt_jax.drafter.follow import follow_cache
-    extra = dict(dcache=follow_cache(cfg, b, cache_len),
-                 feat_BxF=jnp.zeros((b, drafter_features), jnp.dtype(cfg.dtype)), dnext_B=i32())
-  return DecodeState(**extra,
+  return DecodeState(
+      draft=drafter.init_state(cfg, b, cache_len) if drafter is not None else None,
       cache=kvc.init_cache(cfg, b, cache_len), logits_BxV=jnp.zeros((b, cfg.vocab_size)),
       pending_B=jnp.full((b,), -1, jnp.int32), sample_id_B=i32(), t_B=i32(),
       done_B=jnp.ones((b,), bool), stopped_B=jnp.zeros((b,), bool),
@@ -105,33 +101,25 @@ def emit(st: DecodeState, toks_BxM, logps_BxM, hidden_BxMxD, m_B, stop_ids, n: i
       stopped_B=st.stopped_B | hit_stop_B), keep_B
 
 
-def follow_drafter(model, drafter, old: DecodeState, new: DecodeState, out, inputs_BxT,
-                   keep_B, dcache=None, first: int = 0) -> DecodeState:
-  """Keeps the drafter in step after a target forward over `inputs_BxT` of which `keep_B` were
-  kept: it consumes the pairs (input j, feature before input j) for j in [first, keep)."""
+def follow_drafter(model, drafter: DraftModel | None, old: DecodeState, new: DecodeState, out,
+                   inputs_BxT, keep_B, draft=None, first: int = 0) -> DecodeState:
+  """Keeps the draft model in step after a target forward over `inputs_BxT` of which `keep_B`
+  were kept (`draft`: its state after drafting, when the step drafted)."""
   if drafter is None:
     return new
-  from tlt_jax.drafter.follow import consume
-  from tlt_jax.drafter.model import target_features
-  feats_BxTxF = target_features(out.layers, out.hidden_BxTxD, drafter.cfg).astype(
-      old.feat_BxF.dtype)
-  before_BxTxF = jnp.concatenate([old.feat_BxF[:, None], feats_BxTxF[:, :-1]], axis=1)
-  dcache = consume(drafter, model, old.dcache if dcache is None else dcache,
-                   inputs_BxT[:, first:], before_BxTxF[:, first:], jnp.maximum(keep_B - first, 0))
-  rows = jnp.arange(keep_B.shape[0])
-  last_BxF = feats_BxTxF[rows, jnp.maximum(keep_B - 1, 0)]
-  return dataclasses.replace(new, dcache=dcache, dnext_B=new.t_B,
-                             feat_BxF=jnp.where((keep_B > 0)[:, None], last_BxF, old.feat_BxF))
+  draft = old.draft if draft is None else draft
+  return dataclasses.replace(new, draft=drafter.follow(model, draft, out, inputs_BxT, keep_B,
+                                                       new.t_B, first))
 
 
-def needs_layers(drafter) -> bool:
-  return drafter is not None and bool(drafter.cfg.feature_layers)
+def needs_layers(drafter: DraftModel | None) -> bool:
+  return drafter is not None and drafter.needs_layers
 
 
 def plain_step(model, drafter, st: DecodeState, params: SamplingParams, key, stop_ids, n: int,
                pad_id: int, follow: bool = True) -> DecodeState:
   """One token per live row: sample, record, feed, commit (and keep the drafter in step, unless
-  `follow` is off: lazy following, where `drafter.follow.catch_up` feeds it when it is needed)."""
+  `follow` is off: lazy following, where `DraftModel.catch_up` feeds it when it is needed)."""
   live_B = ~st.done_B
   tok_B, lp_B = next_token(st, params, key)
   tok_B = jnp.where(live_B, tok_B, pad_id)

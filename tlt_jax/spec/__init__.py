@@ -1,1 +1,5 @@
-"""Speculative decoding: proposers, exact verification, strategies and their bandit."""
+"""Speculative decoding: the draft-model interface, the suffix proposer, exact verification,
+strategies, their bandit and the health monitor.
+
+May import: models.
+"""

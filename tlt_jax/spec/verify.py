@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from tlt_jax.rollout.sampling import argmax, noise_key
+from tlt_jax.models.sampling import argmax, noise_key
 
 # Independent noise streams under a row's (sample, position) key.
 ACCEPT_STREAM, RESIDUAL_STREAM, DRAFT_STREAM = 1, 2, 3

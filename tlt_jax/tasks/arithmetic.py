@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from tlt_jax.tasks.tokenizer import CharTokenizer
+from tlt_jax.models.tokenizer import CharTokenizer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,18 +13,19 @@ import dataclasses
 import jax.numpy as jnp
 
 from tlt_jax.models import kv_cache as kvc
-from tlt_jax.rollout.sampling import SamplingParams, processed_logprobs
+from tlt_jax.models.sampling import SamplingParams, processed_logprobs
 from tlt_jax.rollout.state import DecodeState, emit, follow_drafter, needs_layers, next_token
 from tlt_jax.spec import verify
+from tlt_jax.spec.proposer import DraftModel
 from tlt_jax.spec.strategy import Strategy
 from tlt_jax.spec.suffix import suffix_propose
 
 
-def spec_step(model, drafter, st: DecodeState, params: SamplingParams, key, stop_ids, n: int,
-              pad_id: int, *, strategy: Strategy, rule: str) -> DecodeState:
+def spec_step(model, drafter: DraftModel | None, st: DecodeState, params: SamplingParams, key,
+              stop_ids, n: int, pad_id: int, *, strategy: Strategy, rule: str) -> DecodeState:
   if strategy.uses_drafter:
-    from tlt_jax.drafter.follow import catch_up
-    st = catch_up(drafter, model, st)
+    st = dataclasses.replace(st, draft=drafter.catch_up(
+        model, st.draft, st.tokens_BxN, st.hidden_BxNxD, st.prompt_hidden_BxD, st.done_B, st.t_B))
   if strategy.proposer == "tree":
     return tree_step(model, drafter, st, params, key, stop_ids, n, pad_id, strategy=strategy,
                      rule=rule)
@@ -33,11 +34,10 @@ def spec_step(model, drafter, st: DecodeState, params: SamplingParams, key, stop
   live_B = ~st.done_B
   s0_B, lp0_B = next_token(st, params, key)
   s0_B = jnp.where(live_B, s0_B, pad_id)
-  dcache = None
+  draft = None
   if strategy.proposer == "eagle":
-    from tlt_jax.drafter.follow import draft_chain
-    drafts_BxK, q_BxKxV, dcache = draft_chain(drafter, model, st.dcache, s0_B, st.feat_BxF, k,
-                                              params, key, st.sample_id_B, st.t_B, rule, live_B)
+    drafts_BxK, q_BxKxV, draft = drafter.chain(model, st.draft, s0_B, k, params, key,
+                                               st.sample_id_B, st.t_B, rule, live_B)
     valid_BxK = jnp.ones((b, k), bool)
   else:
     hist = st.history_BxH.at[rows, st.hist_len_B].set(s0_B, mode="drop")
@@ -75,25 +75,23 @@ def spec_step(model, drafter, st: DecodeState, params: SamplingParams, key, stop
       spec_steps_B=st.spec_steps_B + live_B, spec_tokens_B=st.spec_tokens_B + keep_B)
   # The drafter consumed (s0, old feature) while drafting; it now catches up on the kept drafts
   # with the target's true features.
-  return follow_drafter(model, drafter, st, new, out, inputs_BxM, keep_B, dcache=dcache,
-                        first=1 if dcache is not None else 0)
+  return follow_drafter(model, drafter, st, new, out, inputs_BxM, keep_B, draft=draft,
+                        first=1 if draft is not None else 0)
 
 
-def tree_step(model, drafter, st: DecodeState, params: SamplingParams, key, stop_ids, n: int,
-              pad_id: int, *, strategy: Strategy, rule: str) -> DecodeState:
+def tree_step(model, drafter: DraftModel, st: DecodeState, params: SamplingParams, key,
+              stop_ids, n: int, pad_id: int, *, strategy: Strategy, rule: str) -> DecodeState:
   """A speculative step over an EAGLE-2 tree: the root `s0` and the drafted nodes go through
   the target in one forward (tree mask, positions by depth); the accepted path is walked by
-  `verify.verify_tree`, its cache entries gathered into consecutive slots."""
-  from tlt_jax.drafter.follow import draft_tree
+  `spec.verify.verify_tree`, its cache entries gathered into consecutive slots."""
   b, depth = st.t_B.shape[0], strategy.depth
   rows = jnp.arange(b)
   live_B = ~st.done_B
   s0_B, lp0_B = next_token(st, params, key)
   s0_B = jnp.where(live_B, s0_B, pad_id)
-  tokens_BxN, valid_BxN, parents_BxN, depth_BxN, mask_BxNxN, q_BxNxV, dcache = draft_tree(
-      drafter, model, st.dcache, s0_B, st.feat_BxF, depth=depth, topk=strategy.topk,
-      nodes=strategy.nodes, params=params, key=key, sample_ids_B=st.sample_id_B, t0_B=st.t_B,
-      rule=rule, live_B=live_B)
+  tokens_BxN, valid_BxN, parents_BxN, depth_BxN, mask_BxNxN, q_BxNxV, draft = drafter.tree(
+      model, st.draft, s0_B, depth=depth, topk=strategy.topk, nodes=strategy.nodes,
+      params=params, key=key, sample_ids_B=st.sample_id_B, t0_B=st.t_B, rule=rule, live_B=live_B)
   out = model(tokens_BxN, st.cache, depth_T=depth_BxN, tree_mask_TxT=mask_BxNxN,
               return_layers=needs_layers(drafter))
   logp_BxNxV = processed_logprobs(out.logits_BxTxV, params)
@@ -123,5 +121,5 @@ def tree_step(model, drafter, st: DecodeState, params: SamplingParams, key, stop
       pending_B=jnp.where((keep_B > 0) & (keep_B == m_B), forced_B,
                           jnp.where(keep_B > 0, -1, st.pending_B)),
       spec_steps_B=st.spec_steps_B + live_B, spec_tokens_B=st.spec_tokens_B + keep_B)
-  return follow_drafter(model, drafter, st, new, path_out, cand_BxM, keep_B, dcache=dcache,
+  return follow_drafter(model, drafter, st, new, path_out, cand_BxM, keep_B, draft=draft,
                         first=1)

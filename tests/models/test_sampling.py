@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from tests.statistics import chi_square_pvalue
-
-from tlt_jax.rollout.sampling import SamplingParams, processed_logprobs, sample
+from tlt_jax.models.sampling import SamplingParams, processed_logprobs, sample
 
 LOGITS = jnp.array([2.0, 1.5, 1.0, 0.2, -0.5, -1.0])
 
