@@ -11,7 +11,7 @@ from tests.statistics import pooled_chi_square_pvalue
 from tlt_jax.drafter.model import DrafterConfig, drafter_cache, init_drafter
 from tlt_jax.drafter.proposer import EagleProposer, as_proposer
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer, teacher_batch
-from tlt_jax.drafter.warmup import draft_vocabulary
+from tlt_jax.drafter.warmup import draft_vocabulary, target_fingerprint
 from tlt_jax.models import commit
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
@@ -37,9 +37,20 @@ def test_drafter_cache_decoding_equals_its_full_forward(layers):
   np.testing.assert_allclose(jnp.concatenate([a, b], 1), full, atol=1e-5)
 
 
+_TRAINED = {}  # one fit per target and settings in a test process; the tests only read them
+
+
 def _trained_drafter(target, layers=(), steps=60, vocab=0):
   """A drafter fitted to the target's own greedy rollouts (teacher forcing, TLT's loss); `vocab`
-  > 0 restricts its draft head to the rollouts' most frequent tokens."""
+  > 0 restricts its draft head to the rollouts' most frequent tokens. Returns (drafter, first
+  step's metrics, last step's metrics)."""
+  key = (target_fingerprint(target), tuple(layers), steps, vocab)
+  if key not in _TRAINED:
+    _TRAINED[key] = _fit_drafter(target, layers, steps, vocab)
+  return _TRAINED[key]
+
+
+def _fit_drafter(target, layers, steps, vocab):
   params = SamplingParams(temperature=0.0, max_new_tokens=24)
   eng = RolloutEngine(target, EngineConfig(batch_buckets=(32,), max_batch=32, precompile=False))
   prompts = _prompts(16, seed=9)
