@@ -50,7 +50,14 @@ def test_bad_config_value_is_a_clear_error_before_work(tmp_path):
   assert not os.listdir(tmp_path)
 
 
-def test_unknown_config_key_is_rejected():
-  proc = run_module("experiments.sft_warmstart", "--config=experiments/configs/sft_tiny.py:small",
-                    "--config.train.nonsense=1")
-  assert proc.returncode != 0 and "nonsense" in proc.stderr
+def test_a_bad_command_line_is_one_line_naming_the_key_and_the_nearest_known_one():
+  for override, expect in (("--config.train.lrr=1", "config.train has no key 'lrr'; did you mean "
+                                                    "config.train.lr?"),
+                           ("--config.train.lr=abc", "--config.train.lr=abc: could not convert")):
+    proc = run_module("experiments.sft_warmstart",
+                      "--config=experiments/configs/sft_tiny.py:small", override)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr and expect in proc.stderr.strip().splitlines()[-1]
+  proc = run_module("experiments.sft_warmstart", "--config=experiments/configs/sft_tiny.py:smal")
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr
+  assert "Unknown variant 'smal'" in proc.stderr.strip().splitlines()[-1]
