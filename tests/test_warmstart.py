@@ -15,6 +15,7 @@ from tests.conftest import small_config
 from tlt_jax import sft
 from tlt_jax.drafter import warmup
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
+from tlt_jax.hashing import content_digest
 from tlt_jax.models import get_preset, init_model
 from tlt_jax.models.pretrained import save_pretrained
 from tlt_jax.models.tokenizer import CharTokenizer
@@ -48,7 +49,7 @@ def test_a_shipped_folder_round_trips_through_save_pretrained(tmp_path):
   model = init_model(get_preset("tiny"), seed=3)
   save_pretrained(model, CharTokenizer(32), str(tmp_path))
   with open(tmp_path / sft.RECIPE_FILE, "w") as f:
-    json.dump({"recipe_digest": sft._digest(sft.recipe(c)), "summary": {}}, f)
+    json.dump({"recipe_digest": content_digest(sft.recipe(c)), "summary": {}}, f)
   loaded, summary = sft.load_shipped(c, str(tmp_path))
   assert summary["shipped"]
   toks = jax.numpy.asarray([[1, 5, 6, 7]])

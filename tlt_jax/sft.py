@@ -12,7 +12,6 @@ the shipped one (`ship`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import time
@@ -27,6 +26,7 @@ from tqdm import tqdm
 
 from tlt_jax import optim
 from tlt_jax.checkpoint import Checkpointer, CheckpointError
+from tlt_jax.hashing import content_digest
 from tlt_jax.models import Transformer, get_preset, init_model
 from tlt_jax.models.pretrained import load_hf_folder, save_pretrained
 from tlt_jax.models.tokenizer import CharTokenizer
@@ -49,13 +49,9 @@ def recipe(config: ml_collections.ConfigDict) -> dict:
           for k in ("model", "task", "train", "seed")}
 
 
-def _digest(obj) -> str:
-  return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
-
-
 def _fingerprint(config: ml_collections.ConfigDict) -> str:
   """The cache key: the recipe and the parameter layout (orbax stores the layout as it is)."""
-  return _digest(dict(recipe(config), param_layout=PARAM_LAYOUT))
+  return content_digest(dict(recipe(config), param_layout=PARAM_LAYOUT))
 
 
 def cache_path(config: ml_collections.ConfigDict) -> str:
@@ -169,7 +165,7 @@ def ship(config: ml_collections.ConfigDict, directory: str = SHIPPED_DIR,
   model, summary = train(config, progress=progress)
   save_pretrained(model, CharTokenizer(model.cfg.vocab_size), directory)
   with open(os.path.join(directory, RECIPE_FILE), "w") as f:
-    json.dump({"recipe": recipe(config), "recipe_digest": _digest(recipe(config)),
+    json.dump({"recipe": recipe(config), "recipe_digest": content_digest(recipe(config)),
                "summary": summary, "command": "make warmstart"}, f, indent=2, sort_keys=True)
   return dict(summary, cache=directory)
 
@@ -182,7 +178,7 @@ def load_shipped(config: ml_collections.ConfigDict,
     return None
   with open(path) as f:
     meta = json.load(f)
-  if meta.get("recipe_digest") != _digest(recipe(config)):
+  if meta.get("recipe_digest") != content_digest(recipe(config)):
     return None
   loaded, _ = load_hf_folder(directory)
   graphdef = nnx.graphdef(nnx.eval_shape(lambda: init_model(get_preset(config.model), seed=0)))
@@ -195,7 +191,8 @@ def load_shipped(config: ml_collections.ConfigDict,
   return model, dict(meta["summary"], cache=directory, cached=True, shipped=True)
 
 
-def warm_start(config: ml_collections.ConfigDict, progress: bool = True) -> tuple[Transformer, dict]:
+def warm_start(config: ml_collections.ConfigDict,
+               progress: bool = True) -> tuple[Transformer, dict]:
   """The warm-started policy for `config`: shipped, cached, or trained and cached."""
   validate(config)
   shipped = load_shipped(config)

@@ -27,6 +27,7 @@ from tqdm import tqdm
 from tlt_jax.checkpoint import Checkpointer
 from tlt_jax.drafter.model import Drafter, DrafterConfig, init_drafter
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer, teacher_batch
+from tlt_jax.hashing import content_digest
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.transformer import PARAM_LAYOUT
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
@@ -189,11 +190,9 @@ def ship_drafter(cache_dir: str, key: str, root: str = SHIPPED_ROOT) -> str:
 def warmup_key(target, prompts, params: SamplingParams, dcfg: DrafterConfig,
                tcfg: DrafterTrainConfig, wcfg: WarmupConfig) -> str:
   """The drafter's cache key: the target's weights, the warm-up settings and its prompts."""
-  return hashlib.sha256(json.dumps([PARAM_LAYOUT, target_fingerprint(target),
-                                    dataclasses.asdict(dcfg), dataclasses.asdict(tcfg),
-                                    dataclasses.asdict(wcfg), repr(params),
-                                    [list(map(int, p)) for p in prompts]],
-                                   default=str).encode()).hexdigest()[:12]
+  return content_digest([PARAM_LAYOUT, target_fingerprint(target), dataclasses.asdict(dcfg),
+                         dataclasses.asdict(tcfg), dataclasses.asdict(wcfg), repr(params),
+                         [list(map(int, p)) for p in prompts]])
 
 
 def warm_up(target, prompts, params: SamplingParams, *, pad_id: int, dcfg: DrafterConfig,

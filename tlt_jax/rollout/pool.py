@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import logging
 import os
 import pickle
@@ -27,6 +26,8 @@ from typing import Any, Callable, Hashable
 import jax
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
 from tqdm import tqdm
+
+from tlt_jax.hashing import content_digest
 
 
 def configure_compilation_cache(directory: str) -> None:
@@ -78,8 +79,7 @@ class ExecutablePool:
     self.events: list[CompileEvent] = []
 
   def _path(self, key) -> str:
-    digest = hashlib.sha256(f"{self.fingerprint}|{key!r}".encode()).hexdigest()[:32]
-    return os.path.join(self.cache_dir, f"{digest}.exe")
+    return os.path.join(self.cache_dir, f"{content_digest([self.fingerprint, repr(key)], 32)}.exe")
 
   def _load(self, key):
     path = self._path(key)
