@@ -123,7 +123,7 @@ def arm_sweep(model, prompts, rows_list, params: SamplingParams, engine_cfg: Eng
   for rows in rows_list:
     plain = best(plain_engine, rows)
     for arm in spec.arms:
-      if arm.proposer == "plain":
+      if arm.is_plain:
         continue
       one = dataclasses.replace(spec, threshold=max(engine_cfg.batch_buckets), arms=(arm,),
                                 min_accept_len=0.0, epsilon=0.0)

@@ -14,7 +14,9 @@ from tlt_jax.models import init_model
 from tlt_jax.models.sampling import SamplingParams, processed_logprobs
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec import verify
-from tlt_jax.spec.strategy import SpecConfig, Strategy
+from tlt_jax.spec.drafts import ChainDrafts
+from tlt_jax.spec.proposer import PROPOSERS, register
+from tlt_jax.spec.strategy import SpecConfig, Strategy, strategy_from_tuple
 
 STOPS = (7, 9, 11)
 ARMS = (Strategy(depth=2), Strategy(depth=4, ngram=2), Strategy(depth=6, ngram=1))
@@ -198,7 +200,6 @@ def test_the_plain_arm_competes_in_the_bandit_and_changes_no_token():
 
 
 def test_tree_arms_are_checked_and_sized():
-  from tlt_jax.spec.strategy import strategy_from_tuple
   tree = strategy_from_tuple(("tree", 4, 3, 10))
   assert (tree.candidates, tree.verified("coupled"), tree.verified("rejection")) == (30, 10, 30)
   assert tree.written("coupled") == 10 and Strategy("tree", 5, topk=4, nodes=8).written("x") == 17
@@ -207,3 +208,50 @@ def test_tree_arms_are_checked_and_sized():
     Strategy("tree", 4, topk=3, nodes=31)
   with pytest.raises(ValueError, match=r"\('tree', depth, topk, nodes\)"):
     strategy_from_tuple(("tree", 4, 3))
+
+
+class RepeatProposer:
+  """A proposer in one class, as a user would add one: it drafts the row's next token again
+  `depth` times (right whenever the target repeats itself)."""
+
+  name, tree, uses_draft_model, fields = "repeat", False, False, ("depth",)
+
+  def check(self, arm):
+    if arm.depth > 8:
+      raise ValueError(f"A repeat arm drafts at most 8 tokens, got depth={arm.depth}.")
+
+  def arm_name(self, arm):
+    return f"repeat_d{arm.depth}"
+
+  def verified(self, arm, rule):
+    return arm.depth
+
+  def written(self, arm, rule):
+    return arm.depth
+
+  def draft(self, target, drafter, st, s0_B, arm, params, key, rule, live_B):
+    tokens_BxK = jnp.repeat(s0_B[:, None], arm.depth, axis=1)
+    return ChainDrafts(tokens_BxK, jnp.ones(tokens_BxK.shape, bool), None)
+
+
+def test_a_registered_proposer_is_an_arm_and_decodes_exactly():
+  with pytest.raises(ValueError, match="Unknown proposer 'repeat'"):
+    Strategy("repeat", 2)
+  register(RepeatProposer())
+  try:
+    arm = strategy_from_tuple(("repeat", 3))
+    assert arm.name == "repeat_d3" and not arm.uses_drafter and arm.written("coupled") == 3
+    with pytest.raises(ValueError, match="at most 8"):
+      Strategy("repeat", 9)
+    model = peaked_model()
+    params = SamplingParams(temperature=0.0, max_new_tokens=24, stop_tokens=STOPS)
+    prompts = _prompts(5, seed=4)
+    plain, _ = _run(model, params, prompts, 2, batch_buckets=(16,))
+    sd, eng = _run(model, params, prompts, 2,
+                   SpecConfig(threshold=16, arms=(arm,), min_accept_len=0.0),
+                   batch_buckets=(16,))
+    np.testing.assert_array_equal(sd.tokens, plain.tokens)
+    np.testing.assert_allclose(sd.logprobs, plain.logprobs, atol=1e-5)
+    assert eng.spec.summary()["accept_len_per_arm"]["repeat_d3"] >= 1.0  # the arm ran
+  finally:
+    PROPOSERS.pop("repeat")

@@ -489,7 +489,7 @@ class RolloutEngine:
       out.append(self._decode_exe(s, b, cache_len, n, capture, hist, params))
       if self.spec is not None and self.spec.may_run(b):
         out += [self._spec_exe(s, b, cache_len, n, capture, hist, params, arm)
-                for arm in self.spec.config.arms if arm.proposer != "plain"]
+                for arm in self.spec.config.arms if not arm.is_plain]
       smaller = [x for x in reachable if x < b]
       if smaller:  # compaction steps one bucket down at a time
         out.append(self._compact_exe(s, b, smaller[-1], cache_len, n, capture, hist))

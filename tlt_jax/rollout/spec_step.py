@@ -16,36 +16,38 @@ from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.sampling import SamplingParams, processed_logprobs
 from tlt_jax.rollout.state import DecodeState, emit, follow_drafter, needs_layers, next_token
 from tlt_jax.spec import verify
-from tlt_jax.spec.proposer import DraftModel
+from tlt_jax.spec.drafts import ChainDrafts, TreeDrafts
+from tlt_jax.spec.proposer import DraftModel, get_proposer
 from tlt_jax.spec.strategy import Strategy
-from tlt_jax.spec.suffix import suffix_propose
 
 
 def spec_step(model, drafter: DraftModel | None, st: DecodeState, params: SamplingParams, key,
               stop_ids, n: int, pad_id: int, *, strategy: Strategy, rule: str) -> DecodeState:
-  if strategy.uses_drafter:
+  proposer = get_proposer(strategy.proposer)
+  if proposer.uses_draft_model:
     st = dataclasses.replace(st, draft=drafter.catch_up(
         model, st.draft, st.tokens_BxN, st.hidden_BxNxD, st.prompt_hidden_BxD, st.done_B, st.t_B))
-  if strategy.proposer == "tree":
-    return tree_step(model, drafter, st, params, key, stop_ids, n, pad_id, strategy=strategy,
-                     rule=rule)
-  b, k = st.t_B.shape[0], strategy.depth
-  rows = jnp.arange(b)
   live_B = ~st.done_B
   s0_B, lp0_B = next_token(st, params, key)
   s0_B = jnp.where(live_B, s0_B, pad_id)
-  draft = None
-  if strategy.proposer == "eagle":
-    drafts_BxK, q_BxKxV, draft = drafter.chain(model, st.draft, s0_B, k, params, key,
-                                               st.sample_id_B, st.t_B, rule, live_B)
-    valid_BxK = jnp.ones((b, k), bool)
-  else:
-    hist = st.history_BxH.at[rows, st.hist_len_B].set(s0_B, mode="drop")
-    drafts_BxK, _ = suffix_propose(hist, st.hist_len_B + 1, k, strategy.ngram)
-    valid_BxK = jnp.cumprod((drafts_BxK >= 0).astype(jnp.int32), axis=1).astype(bool)
-    q_BxKxV = None
+  drafts = proposer.draft(model, drafter, st, s0_B, strategy, params, key, rule, live_B)
+  if proposer.tree:
+    return _tree_step(model, drafter, st, s0_B, lp0_B, drafts, params, key, stop_ids, n, pad_id,
+                      rule=rule, depth=strategy.depth)
+  return _chain_step(model, drafter, st, s0_B, lp0_B, drafts, params, key, stop_ids, n, pad_id,
+                     rule=rule)
+
+
+def _chain_step(model, drafter: DraftModel | None, st: DecodeState, s0_B, lp0_B,
+                drafts: ChainDrafts, params: SamplingParams, key, stop_ids, n: int, pad_id: int,
+                *, rule: str) -> DecodeState:
+  """Verifies a chain `[s0, d1 .. dk]` in one target forward and commits the kept prefix."""
+  b, k = drafts.tokens_BxK.shape
+  rows = jnp.arange(b)
+  live_B = ~st.done_B
+  valid_BxK, q_BxKxV, draft = drafts.valid_BxK, drafts.q_BxKxV, drafts.draft
   n_valid_B = jnp.sum(valid_BxK, axis=1)
-  drafts_BxK = jnp.where(valid_BxK, drafts_BxK, pad_id)
+  drafts_BxK = jnp.where(valid_BxK, drafts.tokens_BxK, pad_id)
 
   inputs_BxM = jnp.concatenate([s0_B[:, None], drafts_BxK], axis=1)
   out = model(inputs_BxM, st.cache, return_layers=needs_layers(drafter))
@@ -79,19 +81,18 @@ def spec_step(model, drafter: DraftModel | None, st: DecodeState, params: Sampli
                         first=1 if draft is not None else 0)
 
 
-def tree_step(model, drafter: DraftModel, st: DecodeState, params: SamplingParams, key,
-              stop_ids, n: int, pad_id: int, *, strategy: Strategy, rule: str) -> DecodeState:
-  """A speculative step over an EAGLE-2 tree: the root `s0` and the drafted nodes go through
-  the target in one forward (tree mask, positions by depth); the accepted path is walked by
-  `spec.verify.verify_tree`, its cache entries gathered into consecutive slots."""
-  b, depth = st.t_B.shape[0], strategy.depth
+def _tree_step(model, drafter: DraftModel | None, st: DecodeState, s0_B, lp0_B,
+               drafts: TreeDrafts, params: SamplingParams, key, stop_ids, n: int, pad_id: int,
+               *, rule: str, depth: int) -> DecodeState:
+  """Verifies a tree: the root `s0` and the drafted nodes go through the target in one forward
+  (tree mask, positions by depth); the accepted path is walked by `spec.verify.verify_tree`, its
+  cache entries gathered into consecutive slots."""
+  b = s0_B.shape[0]
   rows = jnp.arange(b)
   live_B = ~st.done_B
-  s0_B, lp0_B = next_token(st, params, key)
-  s0_B = jnp.where(live_B, s0_B, pad_id)
-  tokens_BxN, valid_BxN, parents_BxN, depth_BxN, mask_BxNxN, q_BxNxV, draft = drafter.tree(
-      model, st.draft, s0_B, depth=depth, topk=strategy.topk, nodes=strategy.nodes,
-      params=params, key=key, sample_ids_B=st.sample_id_B, t0_B=st.t_B, rule=rule, live_B=live_B)
+  tokens_BxN, valid_BxN, parents_BxN = drafts.tokens_BxN, drafts.valid_BxN, drafts.parents_BxN
+  depth_BxN, mask_BxNxN, q_BxNxV, draft = (drafts.depth_BxN, drafts.mask_BxNxN, drafts.q_BxNxV,
+                                           drafts.draft)
   out = model(tokens_BxN, st.cache, depth_T=depth_BxN, tree_mask_TxT=mask_BxNxN,
               return_layers=needs_layers(drafter))
   logp_BxNxV = processed_logprobs(out.logits_BxTxV, params)

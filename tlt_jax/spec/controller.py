@@ -22,7 +22,7 @@ class SpecController:
                                         config.seed)
     self.health = HealthMonitor([a.name for a in config.arms], config.min_accept_len,
                                 config.health_window)
-    self.plain_arms = {i for i, a in enumerate(config.arms) if a.proposer == "plain"}
+    self.plain_arms = {i for i, a in enumerate(config.arms) if a.is_plain}
     self.tokens = collections.Counter()
     self.row_steps = collections.Counter()
 

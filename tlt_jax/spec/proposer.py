@@ -1,9 +1,13 @@
-"""What the rollout engine knows of a draft model: the `DraftModel` interface.
+"""Proposers behind one interface, registered by name, and the `DraftModel` they may draft with.
 
-Proposers come in two kinds. Model-free ones (`suffix.py`) are pure functions of a row's token
-history. A draft model (the EAGLE drafter, `drafter/proposer.py`) has weights, keeps a cache in
-step with the target's, and reads the target's features; the engine holds it only through this
-interface, so `rollout` imports no implementation of it.
+A `Strategy` (an arm of the bandit) names a proposer and its shape; the speculative step asks the
+proposer for drafts, a chain or a tree, and verifies them exactly whatever they are. Built in:
+`suffix` (model-free, `suffix.py`), and `eagle` / `tree`, a chain or an EAGLE-2 tree drafted by the
+engine's draft model. A new proposer is one class with the `Proposer` methods plus `register`.
+
+A draft model (the EAGLE drafter, `drafter/proposer.py`) has weights, keeps a cache in step with
+the target's, and reads the target's features; the engine holds it only through `DraftModel`, so
+`rollout` imports no implementation of it.
 
 Its weights travel as jit arguments: the engine splits `module` once, publishes new weights
 between dispatches, and inside a compiled program re-binds the merged module with `bind`. Its
@@ -17,7 +21,36 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
+
+from tlt_jax.spec.drafts import ChainDrafts, TreeDrafts
+from tlt_jax.spec.suffix import SuffixProposer
+
+
+class Proposer(Protocol):
+  """A source of drafts. `arm` is the `Strategy` that names it; `st` the row's `DecodeState`."""
+
+  name: str
+  tree: bool               # drafts a tree (verified with a tree mask), else a chain
+  uses_draft_model: bool   # drafts with the engine's `DraftModel`
+  fields: tuple[str, ...]  # the `Strategy` fields a config tuple gives after the name
+
+  def check(self, arm) -> None:
+    """Raises a ValueError naming what is wrong with `arm`'s shape."""
+
+  def arm_name(self, arm) -> str:
+    """The arm's name in metrics and the bandit's tables."""
+
+  def verified(self, arm, rule: str) -> int:
+    """Draft tokens per verify forward (the root, the row's next token, comes on top)."""
+
+  def written(self, arm, rule: str) -> int:
+    """Cache slots written past a row's committed length in one step (drafts only)."""
+
+  def draft(self, target, drafter, st, s0_B: jax.Array, arm, params, key, rule: str,
+            live_B: jax.Array) -> ChainDrafts | TreeDrafts:
+    """Drafts after (chain) or under (tree) each row's next token `s0`."""
 
 
 class DraftModel(Protocol):
@@ -61,3 +94,86 @@ class DraftModel(Protocol):
            key, sample_ids_B: jax.Array, t0_B: jax.Array, rule: str, live_B: jax.Array):
     """Drafts a tree under `s0`: (tokens, valid, parents, depths, ancestor mask, q or None,
     state), the root first."""
+
+
+class DraftChain:
+  """The `eagle` arms: a chain of `depth` drafts from the draft model."""
+
+  name = "eagle"
+  tree = False
+  uses_draft_model = True
+  fields = ("depth", "ngram")  # ngram unused: ("eagle", depth, 0) as in the configs
+
+  def check(self, arm) -> None:
+    pass
+
+  def arm_name(self, arm) -> str:
+    return f"eagle_d{arm.depth}"
+
+  def verified(self, arm, rule: str) -> int:
+    return arm.depth
+
+  def written(self, arm, rule: str) -> int:
+    return arm.depth
+
+  def draft(self, target, drafter: DraftModel, st, s0_B, arm, params, key, rule: str,
+            live_B) -> ChainDrafts:
+    tokens_BxK, q_BxKxV, draft = drafter.chain(target, st.draft, s0_B, arm.depth, params, key,
+                                               st.sample_id_B, st.t_B, rule, live_B)
+    return ChainDrafts(tokens_BxK, jnp.ones(tokens_BxK.shape, bool), q_BxKxV, draft)
+
+
+class DraftTree:
+  """The `tree` arms: an EAGLE-2 dynamic tree from the draft model: `depth` levels, the `topk`
+  best nodes of each level expanded with their `topk` best children, and the `nodes` drafts of
+  highest cumulative draft score verified in one target forward (under the `rejection` rule
+  every drafted node is verified; see `drafter.follow.draft_tree`)."""
+
+  name = "tree"
+  tree = True
+  uses_draft_model = True
+  fields = ("depth", "topk", "nodes")
+
+  def check(self, arm) -> None:
+    if not (arm.topk >= 1 and 1 <= arm.nodes <= arm.candidates):
+      raise ValueError(f"A tree arm needs topk >= 1 and 1 <= nodes <= {arm.candidates} (the "
+                       f"nodes its depth and topk draft), got topk={arm.topk}, "
+                       f"nodes={arm.nodes}.")
+
+  def arm_name(self, arm) -> str:
+    return f"tree_d{arm.depth}_k{arm.topk}_n{arm.nodes}"
+
+  def verified(self, arm, rule: str) -> int:
+    return arm.candidates if rule == "rejection" else arm.nodes
+
+  def written(self, arm, rule: str) -> int:
+    # The target's verify, or the drafter's tree of expanded nodes, whichever is more.
+    return max(self.verified(arm, rule), 1 + (arm.depth - 1) * arm.topk)
+
+  def draft(self, target, drafter: DraftModel, st, s0_B, arm, params, key, rule: str,
+            live_B) -> TreeDrafts:
+    return TreeDrafts(*drafter.tree(
+        target, st.draft, s0_B, depth=arm.depth, topk=arm.topk, nodes=arm.nodes, params=params,
+        key=key, sample_ids_B=st.sample_id_B, t0_B=st.t_B, rule=rule, live_B=live_B))
+
+
+PROPOSERS: dict[str, Proposer] = {}
+
+
+def register(proposer: Proposer) -> Proposer:
+  """Makes `proposer` available to strategies under `proposer.name`."""
+  if proposer.name == "plain":
+    raise ValueError("'plain' names the arm that decodes without speculation.")
+  PROPOSERS[proposer.name] = proposer
+  return proposer
+
+
+def get_proposer(name: str) -> Proposer:
+  if name not in PROPOSERS:
+    raise ValueError(f"Unknown proposer {name!r}; available: "
+                     f"{', '.join(repr(n) for n in [*PROPOSERS, 'plain'])}.")
+  return PROPOSERS[name]
+
+
+for _builtin in (SuffixProposer(), DraftChain(), DraftTree()):
+  register(_builtin)

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 
+from tlt_jax.spec.proposer import get_proposer
+
 
 @dataclasses.dataclass(frozen=True)
 class Strategy:
-  """One arm: a proposer and its static shape. The `plain` arm decodes without speculation:
-  with it the bandit keeps plain decoding where no proposer pays, so speculation never costs
-  more than its exploration.
+  """One arm: a registered proposer (`spec.proposer`) and its static shape, or the `plain` arm,
+  which decodes without speculation: with it the bandit keeps plain decoding where no proposer
+  pays, so speculation never costs more than its exploration.
 
   - `suffix` / `eagle`: a chain of `depth` drafts (`ngram`: the suffix proposer's match length).
-  - `tree`: an EAGLE-2 dynamic tree drafted by the EAGLE drafter: `depth` levels, the `topk`
-    best nodes of each level expanded with their `topk` best children, and the `nodes` drafts
-    of highest cumulative draft score verified in one target forward (under the `rejection`
-    rule every drafted node is verified; see `drafter.follow.draft_tree`).
+  - `tree`: an EAGLE-2 dynamic tree of `depth` levels, `topk` children per expanded node, the
+    `nodes` best drafts verified (`spec.proposer.DraftTree`).
   """
 
   proposer: str = "suffix"
@@ -25,20 +25,18 @@ class Strategy:
   nodes: int = 0
 
   def __post_init__(self):
-    if self.proposer not in ("suffix", "eagle", "tree", "plain"):
-      raise ValueError(f"Unknown proposer {self.proposer!r}; available: 'suffix', 'eagle', "
-                       "'tree', 'plain'.")
-    if self.depth < 1 or (self.proposer == "suffix" and self.ngram < 1):
-      raise ValueError(f"Strategy depth (and a suffix arm's ngram) must be >= 1, got "
-                       f"{self.depth}, {self.ngram}.")
-    if self.proposer == "tree" and not (self.topk >= 1 and 1 <= self.nodes <= self.candidates):
-      raise ValueError(f"A tree arm needs topk >= 1 and 1 <= nodes <= {self.candidates} (the "
-                       f"nodes its depth and topk draft), got topk={self.topk}, "
-                       f"nodes={self.nodes}.")
+    if self.depth < 1:
+      raise ValueError(f"Strategy depth must be >= 1, got {self.depth}.")
+    if not self.is_plain:
+      get_proposer(self.proposer).check(self)
+
+  @property
+  def is_plain(self) -> bool:
+    return self.proposer == "plain"
 
   @property
   def uses_drafter(self) -> bool:
-    return self.proposer in ("eagle", "tree")
+    return not self.is_plain and get_proposer(self.proposer).uses_draft_model
 
   @property
   def candidates(self) -> int:
@@ -47,26 +45,15 @@ class Strategy:
 
   def verified(self, rule: str) -> int:
     """Draft tokens per verify forward (the root, the row's next token, comes on top)."""
-    if self.proposer != "tree":
-      return self.depth
-    return self.candidates if rule == "rejection" else self.nodes
+    return 0 if self.is_plain else get_proposer(self.proposer).verified(self, rule)
 
   def written(self, rule: str) -> int:
-    """Cache slots written past a row's committed length in one step, drafts only (the
-    target's verify, or the drafter's tree of expanded nodes, whichever is more)."""
-    if self.proposer != "tree":
-      return self.depth
-    return max(self.verified(rule), 1 + (self.depth - 1) * self.topk)
+    """Cache slots written past a row's committed length in one step (drafts only)."""
+    return 0 if self.is_plain else get_proposer(self.proposer).written(self, rule)
 
   @property
   def name(self) -> str:
-    if self.proposer == "plain":
-      return "plain"
-    if self.proposer == "eagle":
-      return f"eagle_d{self.depth}"
-    if self.proposer == "tree":
-      return f"tree_d{self.depth}_k{self.topk}_n{self.nodes}"
-    return f"{self.proposer}_d{self.depth}_n{self.ngram}"
+    return "plain" if self.is_plain else get_proposer(self.proposer).arm_name(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,17 +80,21 @@ class SpecConfig:
   @property
   def max_written(self) -> int:
     """The most draft slots any arm writes into a cache in one step (the cache's slack)."""
-    return max((a.written(self.rule) for a in self.arms if a.proposer != "plain"), default=0)
+    return max((a.written(self.rule) for a in self.arms), default=0)
 
 
 def strategy_from_tuple(arm) -> Strategy:
-  """(proposer, depth, ngram) for chains, (`'tree'`, depth, topk, nodes) for trees, ('plain',)."""
+  """An arm from a config tuple: the proposer's name, then (some of) its `fields`:
+  ('suffix', depth, ngram), ('eagle', depth, 0), ('tree', depth, topk, nodes), or ('plain',)."""
   name = str(arm[0])
-  if name == "tree":
-    if len(arm) != 4:
-      raise ValueError(f"A tree arm is ('tree', depth, topk, nodes), got {tuple(arm)}.")
-    return Strategy("tree", int(arm[1]), topk=int(arm[2]), nodes=int(arm[3]))
-  return Strategy(name, *(int(x) for x in arm[1:3]))
+  fields = ("depth", "ngram") if name == "plain" else get_proposer(name).fields  # plain: unused
+  form = f"A {name!r} arm is ({name!r}, {', '.join(fields)}), got {tuple(arm)}."
+  if len(arm) - 1 > len(fields):
+    raise ValueError(form)
+  try:
+    return Strategy(name, **{f: int(x) for f, x in zip(fields, arm[1:])})
+  except ValueError as e:  # e.g. a field left out whose default does not fit
+    raise ValueError(f"{e} {form}") from None
 
 
 def spec_config_from_dict(d) -> SpecConfig:

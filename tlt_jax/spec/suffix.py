@@ -12,6 +12,38 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from tlt_jax.spec.drafts import ChainDrafts
+
+
+class SuffixProposer:
+  """The `suffix` arms (`spec.proposer.Proposer`): a chain of `depth` drafts matched on up to
+  `ngram` tokens."""
+
+  name = "suffix"
+  tree = False
+  uses_draft_model = False
+  fields = ("depth", "ngram")
+
+  def check(self, arm) -> None:
+    if arm.ngram < 1:
+      raise ValueError(f"A suffix arm's ngram must be >= 1, got {arm.ngram}.")
+
+  def arm_name(self, arm) -> str:
+    return f"suffix_d{arm.depth}_n{arm.ngram}"
+
+  def verified(self, arm, rule: str) -> int:
+    return arm.depth
+
+  def written(self, arm, rule: str) -> int:
+    return arm.depth
+
+  def draft(self, target, drafter, st, s0_B, arm, params, key, rule: str, live_B) -> ChainDrafts:
+    rows = jnp.arange(s0_B.shape[0])
+    hist = st.history_BxH.at[rows, st.hist_len_B].set(s0_B, mode="drop")
+    drafts_BxK, _ = suffix_propose(hist, st.hist_len_B + 1, arm.depth, arm.ngram)
+    valid_BxK = jnp.cumprod((drafts_BxK >= 0).astype(jnp.int32), axis=1).astype(bool)
+    return ChainDrafts(drafts_BxK, valid_BxK, None)
+
 
 def suffix_propose(seq_BxL: jax.Array, len_B: jax.Array, k: int, ngram: int,
                    valid_from_B: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
