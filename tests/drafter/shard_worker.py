@@ -55,7 +55,7 @@ def main():
   for rec in spot.log:  # each step must start inside some rollout's idle window of its device
     if not any(w[rec.device] <= rec.start for w in windows):
       violations.append(rec.device)
-  d0, d1 = (jax.tree.leaves(p) for p in tr.engine._dparams)
+  d0, d1 = (jax.tree.leaves(tr.engine.weights.shard(s)[1]) for s in (0, 1))
   print(json.dumps({
       "spot_steps": len(spot.log), "violations": violations,
       "published": tr.adaptive.publisher.version,

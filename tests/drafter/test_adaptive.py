@@ -165,16 +165,16 @@ def test_publishing_refuses_nan_and_collapsed_drafters(sd_rollout):
   pub = DrafterPublisher(eng, PublishConfig(depth=4, min_ratio=0.8, seq_len=32), 0)
   tparams = nnx.state(target)
   good = nnx.state(drafter, nnx.Param)
-  version = eng.drafter_version
+  version = eng.weights.drafter_version
   nan = jax.tree.map(lambda x: x * jnp.nan, good)
   assert not pub.publish(nan, tparams, sample, current=good)
   assert pub.events[-1]["reason"] == "non-finite weights"
   random = nnx.state(init_drafter(target.cfg, DrafterConfig(), seed=11), nnx.Param)
   assert pub.accept_len(good, tparams, sample) > pub.accept_len(random, tparams, sample) + 0.3
   assert not pub.publish(random, tparams, sample, current=good)
-  assert "collapsed" in pub.events[-1]["reason"] and eng.drafter_version == version
+  assert "collapsed" in pub.events[-1]["reason"] and eng.weights.drafter_version == version
   assert pub.publish(good, tparams, sample, current=good)
-  assert eng.drafter_version == version + 1 == pub.version
+  assert eng.weights.drafter_version == version + 1 == pub.version
 
 
 def test_spot_training_runs_only_on_idle_shards_and_publishes_to_every_shard():
@@ -198,7 +198,7 @@ def test_a_tlt_run_exports_a_policy_and_drafter_that_generate_can_load(tmp_path)
                export=True, checkpoint_every=1)
   hist = tr.run(progress=False)
   assert hist[-1]["drafter/steps"] > 0 and tr.adaptive.publisher.version >= 1
-  assert hist[-1]["drafter_version"] == tr.engine.drafter_version
+  assert hist[-1]["drafter_version"] == tr.engine.weights.drafter_version
   policy, tok = load_pretrained(str(tmp_path / "export" / "policy"))
   assert isinstance(tok, CharTokenizer)
   toks = jnp.asarray([[5, 6, 7, 8]])
@@ -215,5 +215,5 @@ def test_a_tlt_run_exports_a_policy_and_drafter_that_generate_can_load(tmp_path)
                   spec=SpecConfig(threshold=16, arms=EAGLE, min_accept_len=0.0),
                   drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1), adaptive=cfg,
                   checkpoint_every=1)
-  assert again.restore() and again.engine.drafter_version == tr.engine.drafter_version
+  assert again.restore() and again.engine.weights.drafter_version == tr.engine.weights.drafter_version
   assert again.adaptive.spot.trainer.step_count == tr.adaptive.spot.trainer.step_count

@@ -36,7 +36,7 @@ def main():
   mesh = make_mesh(1, 2)
   sharded = jax.device_put(state, param_shardings(state, mesh))
   n = len(two.pool)
-  two.set_weights(sharded)
+  two.weights.set_policy(sharded)
   c = two.generate(prompts, 2, sampled, jax.random.key(3))
   out["no_recompile"] = len(two.pool) == n
   out["mesh_weights_equal"] = bool(np.array_equal(c.tokens, b.tokens))

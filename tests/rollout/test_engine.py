@@ -137,7 +137,7 @@ def test_pool_reuses_executables_for_new_weights(model):
   n = len(eng.pool)
   from flax import nnx
   _, state = nnx.split(init_model(small_config(), seed=9))
-  eng.set_weights(state)
+  eng.weights.set_policy(state)
   b = eng.generate(_prompts(2), 1, params, jax.random.key(0))
   assert len(eng.pool) == n and not np.array_equal(a.tokens, b.tokens)
   assert eng.pool.report()["executables"] == n

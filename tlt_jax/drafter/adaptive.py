@@ -124,8 +124,7 @@ class AdaptiveDrafter:
   def load_state(self, state: dict, version: int) -> None:
     self.spot.trainer.load_state(state)
     self.in_use = state["in_use"]
-    self.publisher.version = version
-    self.engine.set_drafter(self.in_use, version)
+    self.engine.weights.set_drafter(self.in_use, version)
 
   def drafter(self):
     """The published drafter (what the engine uses)."""

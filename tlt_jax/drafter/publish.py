@@ -55,7 +55,6 @@ class DrafterPublisher:
 
   def __init__(self, engine, cfg: PublishConfig, pad_id: int):
     self.engine, self.cfg, self.pad_id = engine, cfg, pad_id
-    self.version = engine.drafter_version
     self.events: list[dict] = []
     graphdef = engine.dgraphdef
     tgraphdef = engine.graphdef
@@ -65,6 +64,11 @@ class DrafterPublisher:
       return teacher_forced_hits(nnx.merge(graphdef, dparams), nnx.merge(tgraphdef, tparams),
                                  toks, hidden, mask)
     self._hits = hits
+
+  @property
+  def version(self) -> int:
+    """The drafter version in use: the engine's weight store keeps the one counter."""
+    return self.engine.weights.drafter_version
 
   def accept_len(self, dparams, target_params, sample: list[Segment]) -> float:
     """Estimated accepted length of drafter `dparams` on held-back segments."""
@@ -104,6 +108,5 @@ class DrafterPublisher:
     if not event["accepted"]:
       logging.warning("drafter version %d refused: %s", self.version + 1, event["reason"])
       return False
-    self.version += 1
-    self.engine.set_drafter(candidate, self.version)
+    self.engine.weights.set_drafter(candidate)
     return True

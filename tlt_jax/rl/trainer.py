@@ -199,7 +199,7 @@ class Trainer:
     t1 = time.perf_counter()
     metrics = self.updater.update(batch)
     new_state = self._engine_state()
-    self.engine.set_weights(new_state)
+    self.engine.weights.set_policy(new_state)
     if ad is not None:
       ad.after_update(new_state)
     t_update = time.perf_counter() - t1
@@ -217,13 +217,13 @@ class Trainer:
         "step_s": round(time.perf_counter() - t0, 4),
         "tokens_per_s": summary["tokens_per_s"], "sd_on_fraction": summary["sd_on_fraction"],
         "accept_len": summary.get("spec", {}).get("accept_len", 0.0),
-        "drafter_version": self.engine.drafter_version,
+        "drafter_version": self.engine.weights.drafter_version,
         "compile_events": built.events, "compile_s": round(built.seconds, 3),
         "logprob_mismatch_max": mismatch,
         **{f"grpo/{k}": v for k, v in metrics.items()},
         **drafter_metrics,
     }
-    out["drafter_version"] = self.engine.drafter_version
+    out["drafter_version"] = self.engine.weights.drafter_version
     out["rollout_share"] = round(out["rollout_s"] / out["step_s"], 4)
     record = rollout_record(self.step, res)
     self.step += 1
@@ -243,7 +243,7 @@ class Trainer:
   def save(self) -> None:
     self.ckpt.save(self.step, self._checkpoint_state(),
                    {"step": self.step, "seed": self.seed, "update_count": self.updater.step_count,
-                    "drafter_version": self.engine.drafter_version,
+                    "drafter_version": self.engine.weights.drafter_version,
                     "data_iterator": {"kind": "step-addressed", "next_step": self.step}})
 
   def restore(self) -> bool:
@@ -267,7 +267,7 @@ class Trainer:
       self.updater.ref_params = state["ref_params"]
     self.updater.step_count = int(meta.get("update_count", meta["step"]))
     self.step = int(meta["step"])
-    self.engine.set_weights(self._engine_state())
+    self.engine.weights.set_policy(self._engine_state())
     if self.adaptive is not None:
       self.adaptive.load_state(state["drafter"], int(meta.get("drafter_version", 0)))
       self.adaptive.after_update(self._engine_state())

@@ -32,6 +32,7 @@ from tlt_jax.rollout.pool import ExecutablePool, configure_compilation_cache
 from tlt_jax.rollout.spec_step import spec_step
 from tlt_jax.rollout.state import DecodeState, empty_state, needs_layers, plain_step
 from tlt_jax.rollout.timeline import Timeline
+from tlt_jax.rollout.weights import WeightStore
 from tlt_jax.spec.controller import SpecController
 from tlt_jax.spec.proposer import DraftModel
 from tlt_jax.spec.strategy import SpecConfig
@@ -108,6 +109,20 @@ def bucket_for(n: int, buckets) -> int:
   raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}.")
 
 
+@dataclasses.dataclass
+class ShardRun:
+  """A busy shard's wave during `generate`: its decode state and the host's view of its rows."""
+
+  state: DecodeState
+  b: int                   # batch bucket
+  slots: np.ndarray        # the row of each slot (-1: padding)
+  live: int                # live rows
+  t: np.ndarray            # tokens each slot had emitted at the last sync
+  ss: np.ndarray           # speculative steps each slot had taken at the last sync
+  arm: int | None = None   # the arm of the dispatch in flight (None: plain)
+  t0: float = 0.0          # when it was launched
+
+
 class RolloutEngine:
   """Generates G samples per prompt with compaction, k-step dispatches and per-device shards."""
 
@@ -131,17 +146,11 @@ class RolloutEngine:
     self.graphdef, state = nnx.split(model)
     self.drafter = drafter
     self.dgraphdef, dstate = nnx.split(drafter.module) if drafter is not None else (None, None)
-    self.drafter_version = 0
     self.lazy_follow = (drafter is not None and config.drafter_follow == "lazy"
                         and drafter.follows_lazily)
     self.pool = ExecutablePool(cache_dir=config.compile_cache_dir,
                                fingerprint=self._fingerprint((state, dstate)))
-    self._params = None
-    self._dparams = [None] * len(self.devices)
-    self._abstract_dparams = None
-    self.set_weights(state)
-    if drafter is not None:
-      self.set_drafter(dstate)
+    self.weights = WeightStore(self.devices, state, dstate)
 
   def _fingerprint(self, state) -> str:
     """What, besides the pool key, determines a compiled program."""
@@ -152,28 +161,6 @@ class RolloutEngine:
     return "|".join([jax.__version__, repr(self.model_cfg), repr(shapes), src.hexdigest(),
                      repr(self.pad_id), repr([str(d) for d in self.devices]),
                      repr(self.cfg), repr(self.spec.config if self.spec else None)])
-
-  # ------------------------------------------------------------------ weights
-
-  def set_weights(self, state) -> None:
-    """Installs new weights (e.g. from a sharded trainer) on every shard's device; the compiled
-    executables are reused, since their input shardings are the shards' own devices."""
-    self._abstract_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-    self._params = [jax.device_put(state, SingleDeviceSharding(d)) for d in self.devices]
-
-  def set_drafter(self, state, version: int | None = None) -> None:
-    """Publishes drafter weights to every shard (between dispatches: never mid-verification)."""
-    if self.dgraphdef is None:
-      raise ValueError("This engine was built without a drafter.")
-    self._abstract_dparams = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-    self._dparams = [jax.device_put(state, SingleDeviceSharding(d)) for d in self.devices]
-    self.drafter_version = self.drafter_version + 1 if version is None else version
-
-  def _weights(self, shard: int):
-    return (self._params[shard], self._dparams[shard])
-
-  def _abstract_weights(self):
-    return (self._abstract_params, self._abstract_dparams)
 
   def _merge(self, weights):
     model = nnx.merge(self.graphdef, weights[0])
@@ -221,7 +208,7 @@ class RolloutEngine:
 
     def build():
       i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
-      args = (self._abstract_weights(), i32(u, p), i32(u), i32(b), i32(b),
+      args = (self.weights.abstract(), i32(u, p), i32(u), i32(b), i32(b),
               jax.ShapeDtypeStruct((b,), bool), i32(b, hist), i32(b), i32(b))
       return fn, tuple(self._abstract(a, shard) for a in args), ()
     return key, build
@@ -253,7 +240,7 @@ class RolloutEngine:
       return jax.lax.while_loop(cond, body, (jnp.int32(0), state))[1]
 
     def build():
-      args = (self._abstract_weights(), self._state_shape(b, cache_len, n, capture, hist),
+      args = (self.weights.abstract(), self._state_shape(b, cache_len, n, capture, hist),
               jax.eval_shape(lambda: jax.random.key(0)))
       return fn, tuple(self._abstract(a, shard) for a in args), (1,)
     return key, build
@@ -359,7 +346,7 @@ class RolloutEngine:
           out_hidden[rid], out_phidden[rid] = h[slot], ph[slot]
 
     waves = self._waves(total)
-    shard_state = [None] * self.cfg.num_shards
+    shard_state: list[ShardRun | None] = [None] * self.cfg.num_shards
     for s in range(self.cfg.num_shards):
       first = [rows[r][1] for r in waves[s][0]] if waves[s] else []
       self._schedule_precompile(s, first, cache_len, n, capture, hist, params, p_bucket)
@@ -385,13 +372,11 @@ class RolloutEngine:
       t0 = time.perf_counter()
       exe = self._get(self._prefill_exe(s, b, u, p_bucket, cache_len, n, capture, hist))
       dev = self.devices[s]
-      st = exe(self._weights(s), *[jax.device_put(x, dev) for x in (
+      st = exe(self.weights.shard(s), *[jax.device_put(x, dev) for x in (
           prompts_np, lens_np, src_np, ids_np, active, hist_np, hist_len, corpus_len)])
       timeline.record(s, "prefill", t0, time.perf_counter(), b, len(wave))
       slot_rows = np.concatenate([wave, np.full(pad, -1)])  # row of each slot (-1: padding)
-      zeros = np.zeros(b, np.int64)
-      return {"state": st, "b": b, "slots": slot_rows, "live": len(wave), "t": zeros,
-              "ss": zeros}
+      return ShardRun(st, b, slot_rows, len(wave), np.zeros(b, np.int64), np.zeros(b, np.int64))
 
     for s in range(self.cfg.num_shards):
       if waves[s]:
@@ -403,36 +388,36 @@ class RolloutEngine:
       for s, sh in enumerate(shard_state):  # dispatch every busy shard before syncing any
         if sh is None:
           continue
-        arm = self.spec.choose(sh["b"], sh["live"]) if self.spec is not None else None
+        arm = self.spec.choose(sh.b, sh.live) if self.spec is not None else None
         if arm is None or self.spec.is_plain(arm):
-          exe = self._get(self._decode_exe(s, sh["b"], cache_len, n, capture, hist,
+          exe = self._get(self._decode_exe(s, sh.b, cache_len, n, capture, hist,
                                            params))
         else:
-          exe = self._get(self._spec_exe(s, sh["b"], cache_len, n, capture, hist, params,
+          exe = self._get(self._spec_exe(s, sh.b, cache_len, n, capture, hist, params,
                                          spec_arms[arm]))
-        sh["arm"], sh["t0"] = arm, time.perf_counter()
-        sh["state"] = exe(self._weights(s), sh["state"], key_dev[s])
+        sh.arm, sh.t0 = arm, time.perf_counter()
+        sh.state = exe(self.weights.shard(s), sh.state, key_dev[s])
         launched.append(s)
       for s in launched:
         sh = shard_state[s]
         done, t_now, ss_now = (np.asarray(x) for x in jax.device_get(
-            (sh["state"].done_B, sh["state"].t_B, sh["state"].spec_steps_B)))
-        wall = time.perf_counter() - sh["t0"]
-        live_slots = np.flatnonzero(~done & (sh["slots"] >= 0))
-        emitted = int(np.sum(t_now - sh["t"]))
-        plain = sh["arm"] is None or self.spec.is_plain(sh["arm"])
-        kind = "decode" if plain else f"spec:{spec_arms[sh['arm']].name}"
-        timeline.record(s, kind, sh["t0"], time.perf_counter(), sh["b"], sh["live"],
+            (sh.state.done_B, sh.state.t_B, sh.state.spec_steps_B)))
+        wall = time.perf_counter() - sh.t0
+        live_slots = np.flatnonzero(~done & (sh.slots >= 0))
+        emitted = int(np.sum(t_now - sh.t))
+        plain = sh.arm is None or self.spec.is_plain(sh.arm)
+        kind = "decode" if plain else f"spec:{spec_arms[sh.arm].name}"
+        timeline.record(s, kind, sh.t0, time.perf_counter(), sh.b, sh.live,
                         steps=self.cfg.steps_per_dispatch, live_after=len(live_slots),
                         tokens=emitted)
-        if sh["arm"] is not None:
-          row_steps = int(np.sum(ss_now - sh["ss"]))
-          self.spec.record(sh["b"], sh["arm"], emitted, row_steps, wall)
-        sh["t"], sh["ss"] = t_now, ss_now
-        finished = np.flatnonzero(done & (sh["slots"] >= 0))
+        if sh.arm is not None:
+          row_steps = int(np.sum(ss_now - sh.ss))
+          self.spec.record(sh.b, sh.arm, emitted, row_steps, wall)
+        sh.t, sh.ss = t_now, ss_now
+        finished = np.flatnonzero(done & (sh.slots >= 0))
         if len(live_slots) == 0:
-          harvest(sh["state"], finished, sh["slots"][finished])
-          kvc.check_overflow(sh["state"].cache)
+          harvest(sh.state, finished, sh.slots[finished])
+          kvc.check_overflow(sh.state.cache)
           shard_state[s] = start_wave(s) if waves[s] else None
           if shard_state[s] is None:
             timeline.shard_done(s, time.perf_counter())
@@ -440,26 +425,26 @@ class RolloutEngine:
               on_shard_idle(s, self.devices[s])
           continue
         new_b = bucket_for(len(live_slots), self.cfg.batch_buckets)
-        if new_b < sh["b"]:
+        if new_b < sh.b:
           t0 = time.perf_counter()
-          harvest(sh["state"], finished, sh["slots"][finished])
+          harvest(sh.state, finished, sh.slots[finished])
           filler = np.flatnonzero(done)[0]  # a done slot: padding rows must stay done
           # One bucket down at a time (programs only for adjacent buckets): the first gather puts
           # the live rows first, each later one keeps the leading rows.
-          chain = [x for x in reversed(self.cfg.batch_buckets) if new_b <= x < sh["b"]]
+          chain = [x for x in reversed(self.cfg.batch_buckets) if new_b <= x < sh.b]
           idx = np.concatenate([live_slots, np.full(chain[0] - len(live_slots), filler)])
-          for b_old, b_new in zip([sh["b"]] + chain, chain):
-            step_idx = idx if b_old == sh["b"] else np.arange(b_new)
+          for b_old, b_new in zip([sh.b] + chain, chain):
+            step_idx = idx if b_old == sh.b else np.arange(b_new)
             exe = self._get(self._compact_exe(s, b_old, b_new, cache_len, n, capture, hist))
-            sh["state"] = exe(sh["state"], jax.device_put(step_idx.astype(np.int32),
+            sh.state = exe(sh.state, jax.device_put(step_idx.astype(np.int32),
                                                           self.devices[s]))
           idx = idx[:new_b]
-          slots = sh["slots"][idx]
+          slots = sh.slots[idx]
           slots[len(live_slots):] = -1  # padding slots: already harvested, never harvested again
-          sh["slots"], sh["b"] = slots, new_b
-          sh["t"], sh["ss"] = sh["t"][idx], sh["ss"][idx]
+          sh.slots, sh.b = slots, new_b
+          sh.t, sh.ss = sh.t[idx], sh.ss[idx]
           timeline.record(s, "compact", t0, time.perf_counter(), new_b, len(live_slots))
-        sh["live"] = len(live_slots)
+        sh.live = len(live_slots)
 
     timeline.finish(time.perf_counter() - start, int(out_len.sum()), built.events, built.seconds)
     if self.spec is not None:

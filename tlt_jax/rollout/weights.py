@@ -1,0 +1,51 @@
+"""The weights a rollout runs with: the policy's and the draft model's, one copy per shard.
+
+Weights enter the compiled programs as arguments, so installing new ones (the policy after each
+update, a drafter version the publisher accepted) compiles nothing. The store keeps the one
+drafter version counter: a publisher installs through it and reads its version from it, and
+checkpoints record it.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax.sharding import SingleDeviceSharding
+
+
+def _abstract(state):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+
+
+class WeightStore:
+  """Per-shard copies of the policy's and (optionally) the draft model's weights."""
+
+  def __init__(self, devices, policy_state, drafter_state=None):
+    self.devices = list(devices)
+    self.drafter_version = 0
+    self._drafter, self._abstract_drafter = None, None
+    self.set_policy(policy_state)
+    if drafter_state is not None:
+      self._drafter = []
+      self.set_drafter(drafter_state)
+
+  def set_policy(self, state) -> None:
+    """Installs new policy weights (e.g. from a sharded trainer) on every shard's device."""
+    self._abstract_policy = _abstract(state)
+    self._policy = [jax.device_put(state, SingleDeviceSharding(d)) for d in self.devices]
+
+  def set_drafter(self, state, version: int | None = None) -> None:
+    """Installs drafter weights on every shard (between dispatches: never mid-verification) as
+    `version`, by default the next one."""
+    if self._drafter is None:
+      raise ValueError("This engine was built without a drafter.")
+    self._abstract_drafter = _abstract(state)
+    self._drafter = [jax.device_put(state, SingleDeviceSharding(d)) for d in self.devices]
+    self.drafter_version = self.drafter_version + 1 if version is None else version
+
+  def shard(self, s: int) -> tuple:
+    """(policy, drafter or None) on shard `s`: a program's first argument."""
+    return self._policy[s], self._drafter[s] if self._drafter is not None else None
+
+  def abstract(self) -> tuple:
+    """Shapes and dtypes of `shard(s)`, for compiling ahead of time."""
+    return self._abstract_policy, self._abstract_drafter
