@@ -33,9 +33,12 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.max_new_tokens = 128
   c.engine.batch_buckets = (1, 2, 4, 8, 16, 32, 64)
   c.engine.max_batch = 64
+  c.learner = "grpo"  # grpo | gspo (tlt_jax/rl/learner.py); its settings: the section so named
   c.grpo = ml_collections.ConfigDict(dict(clip_low=0.2, clip_high=0.28, kl_coef=0.0,
                                           normalize_std=True, aggregation="token",
                                           max_len_norm=0))
+  c.gspo = ml_collections.ConfigDict(dict(clip_low=3e-4, clip_high=4e-4, kl_coef=0.0,
+                                          normalize_std=True))
   c.optim = ml_collections.ConfigDict(dict(lr=1e-5, warmup_steps=1, total_steps=8,
                                            end_lr_fraction=0.1, weight_decay=0.0, clip=1.0,
                                            b1=0.9, b2=0.999))

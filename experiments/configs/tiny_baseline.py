@@ -28,9 +28,12 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.prompts_per_step = 16
   c.group_size = 8
   c.temperature = 1.0
+  c.learner = "grpo"  # grpo | gspo (tlt_jax/rl/learner.py); its settings: the section so named
   c.grpo = ml_collections.ConfigDict(dict(clip_low=0.2, clip_high=0.28, kl_coef=0.0,
                                           normalize_std=True, aggregation="sequence",
                                           max_len_norm=0))
+  c.gspo = ml_collections.ConfigDict(dict(clip_low=3e-4, clip_high=4e-4, kl_coef=0.0,
+                                          normalize_std=True))
   c.optim = ml_collections.ConfigDict(dict(lr=2e-4, warmup_steps=2, total_steps=20,
                                            end_lr_fraction=0.1, weight_decay=0.0, clip=1.0,
                                            b1=0.9, b2=0.999))

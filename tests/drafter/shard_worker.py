@@ -27,7 +27,7 @@ def run(adaptive):
   tr = Trainer(w, out_dir=tempfile.mkdtemp(), steps=4, prompts_per_step=4, group_size=4,
                engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,), num_shards=2,
                                        batch_buckets=(2, 8), max_batch=8),
-               grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
+               learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                spec=SpecConfig(threshold=8, rule="coupled", arms=EAGLE, min_accept_len=0.0),
                drafter=drafter, adaptive=adaptive)
   windows = []  # per rollout: device id -> absolute time its shard went idle

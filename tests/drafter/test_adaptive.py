@@ -192,7 +192,7 @@ def test_a_tlt_run_exports_a_policy_and_drafter_that_generate_can_load(tmp_path)
                        publish=PublishConfig(depth=3, min_ratio=0.0, seq_len=16))
   tr = Trainer(w, out_dir=str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
                engine_cfg=engine(),
-               grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
+               learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                spec=SpecConfig(threshold=16, arms=EAGLE, min_accept_len=0.0),
                drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1), adaptive=cfg,
                export=True, checkpoint_every=1)
@@ -211,7 +211,7 @@ def test_a_tlt_run_exports_a_policy_and_drafter_that_generate_can_load(tmp_path)
   # Resuming restores the drafter, its optimizer and the published version.
   again = Trainer(w, out_dir=str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
                   engine_cfg=engine(),
-                  grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
+                  learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                   spec=SpecConfig(threshold=16, arms=EAGLE, min_accept_len=0.0),
                   drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1), adaptive=cfg,
                   checkpoint_every=1)

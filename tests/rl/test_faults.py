@@ -21,7 +21,7 @@ def trainer(out_dir, steps, reward_fn=None, checkpoint_every=1):
     w.reward_fn = reward_fn
   return Trainer(w, out_dir=str(out_dir), steps=steps, prompts_per_step=4, group_size=4,
                  engine_cfg=engine(),
-                 grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
+                 learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                  checkpoint_every=checkpoint_every)
 
 

@@ -43,7 +43,7 @@ def engine(**kw) -> EngineConfig:
 def run(tmp_path, name, steps, spec=None, checkpoint_every=0):
   tr = Trainer(workload(), out_dir=str(tmp_path / name), steps=steps, prompts_per_step=4,
                group_size=4, engine_cfg=engine(),
-               grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
+               learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                spec=spec, checkpoint_every=checkpoint_every)
   return tr.run(progress=False)
 
@@ -79,7 +79,7 @@ def test_held_out_evaluation_and_the_rollout_record(tmp_path):
   w = workload()
   tr = Trainer(w, out_dir=str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
                engine_cfg=engine(),
-               grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
+               learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                eval_prompts=w.prompts[:6], eval_answers=[None] * 6, eval_every=2,
                eval_group_size=2)
   hist = tr.run(progress=False)
@@ -94,7 +94,7 @@ def test_held_out_evaluation_and_the_rollout_record(tmp_path):
 
 
 def test_bad_trainer_settings_are_clear_errors(tmp_path):
-  kw = dict(out_dir=str(tmp_path), steps=1, group_size=4, grpo=GRPOConfig(), optim=OptimConfig(),
+  kw = dict(out_dir=str(tmp_path), steps=1, group_size=4, learner=GRPOConfig(), optim=OptimConfig(),
             engine_cfg=engine())
   with pytest.raises(ValueError, match="exceeds the prompt pool"):
     Trainer(workload(), prompts_per_step=99, **kw)
@@ -108,7 +108,7 @@ def test_the_kl_reference_survives_a_resume(tmp_path):
   against the run's starting policy, not against the policy it resumed from."""
   kw = dict(out_dir=str(tmp_path), prompts_per_step=4, group_size=4,
             engine_cfg=engine(),
-            grpo=GRPOConfig(kl_coef=0.1), optim=OptimConfig(lr=1e-2, warmup_steps=0,
+            learner=GRPOConfig(kl_coef=0.1), optim=OptimConfig(lr=1e-2, warmup_steps=0,
                                                             total_steps=10),
             checkpoint_every=1)
   first = Trainer(workload(), steps=2, **kw)

@@ -25,7 +25,7 @@ def test_no_step_compiles_after_warm_up(tmp_path):
   tr = Trainer(w, out_dir=str(tmp_path), steps=4, prompts_per_step=4, group_size=4,
                engine_cfg=EngineConfig(prefill_buckets=(4, 8, 16), batch_buckets=(1, 2, 4, 8, 16),
                                        max_batch=16, steps_per_dispatch=3),
-               grpo=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
+               learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                spec=SpecConfig(threshold=16, arms=arms, min_accept_len=0.0),
                drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1),
                adaptive=AdaptiveConfig(

@@ -1,4 +1,5 @@
-"""GRPO losses: group-normalised advantages, the clipped surrogate, KL and entropy.
+"""GRPO, one learner (`rl.learner`): group-normalised advantages, the token-level clipped
+surrogate, KL and entropy; and the log-probs every learner's loss reads.
 
 Shapes: `R` rows (responses), `G` responses per prompt (rows of one prompt are contiguous), `N`
 response tokens per row with `mask_RxN` marking real ones. Log-probs are those of the processed
@@ -9,6 +10,7 @@ recorded, so the ratio is 1 on the first epoch up to numerics.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -16,8 +18,30 @@ import jax.numpy as jnp
 from tlt_jax.models.sampling import SamplingParams, processed_logprobs
 
 
+class GroupRelative:
+  """What the GRPO-family learners share: advantages relative to the prompt's group, and
+  non-negative clips and KL weight."""
+
+  def advantages(self, rewards_R: jax.Array, group_size: int) -> jax.Array:
+    return group_advantages(rewards_R, group_size, self.normalize_std)
+
+  def check(self) -> None:
+    if self.clip_low < 0 or self.clip_high < 0 or self.kl_coef < 0:
+      raise ValueError("clip_low, clip_high and kl_coef must be >= 0.")
+
+
+def k3_kl(ref_logp, logp) -> jax.Array:
+  """k3, the low-variance unbiased estimator of KL(policy || reference) per token:
+  exp(ref - logp) - (ref - logp) - 1 >= 0."""
+  d = ref_logp - logp
+  return jnp.exp(d) - d - 1.0
+
+
 @dataclasses.dataclass(frozen=True)
-class GRPOConfig:
+class GRPOConfig(GroupRelative):
+  """The GRPO learner: a per-token importance ratio, clipped per token."""
+
+  name: ClassVar[str] = "grpo"
   clip_low: float = 0.2
   clip_high: float = 0.28
   kl_coef: float = 0.0            # 0 keeps no reference policy
@@ -28,8 +52,18 @@ class GRPOConfig:
   def __post_init__(self):
     if self.aggregation not in ("token", "sequence"):
       raise ValueError(f"aggregation must be 'token' or 'sequence', got {self.aggregation!r}.")
-    if self.clip_low < 0 or self.clip_high < 0 or self.kl_coef < 0:
-      raise ValueError("clip_low, clip_high and kl_coef must be >= 0.")
+    self.check()
+
+  def loss(self, logp_RxN, old_logp_RxN, adv_R, mask_RxN, ref_logp_RxN=None,
+           entropy_RxN=None) -> tuple[jax.Array, dict]:
+    return grpo_loss(logp_RxN, old_logp_RxN, adv_R, mask_RxN, self, ref_logp_RxN, entropy_RxN)
+
+  def micro_weight(self, rows: int, tokens: float, mb_rows: int, mb_tokens: float) -> float:
+    if self.aggregation == "sequence":
+      return mb_rows / rows                 # the mean over rows
+    if self.max_len_norm:
+      return 1.0                            # a sum over tokens / a constant
+    return max(mb_tokens, 1.0) / tokens     # the mean over all tokens
 
 
 def group_advantages(rewards_R: jax.Array, group_size: int, normalize_std: bool = True,
@@ -67,9 +101,7 @@ def grpo_loss(logp_RxN, old_logp_RxN, adv_R, mask_RxN, cfg: GRPOConfig,
   clipped = jnp.clip(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
   per_tok = -jnp.minimum(ratio * adv, clipped * adv)
   if ref_logp_RxN is not None and cfg.kl_coef > 0:
-    # k3, the low-variance unbiased estimator: exp(ref - logp) - (ref - logp) - 1 >= 0.
-    d = ref_logp_RxN - logp_RxN
-    kl = jnp.exp(d) - d - 1.0
+    kl = k3_kl(ref_logp_RxN, logp_RxN)
     per_tok = per_tok + cfg.kl_coef * kl
   else:
     kl = jnp.zeros_like(per_tok)

@@ -1,6 +1,6 @@
-"""A GRPO run from an ml-collections config (what `experiments.train_grpo` launches, and the
-demo twice): the workload, the optional speculative decoding and drafter, held-out evaluation,
-the trainer; returns the run's summary."""
+"""An RL run from an ml-collections config (what `experiments.train_grpo` launches, and the demo
+twice): the workload, the learner (GRPO unless `config.learner` names another), the optional
+speculative decoding and drafter, held-out evaluation, the trainer; returns the run's summary."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from tlt_jax.drafter.adaptive import AdaptiveConfig
 from tlt_jax.rl.compare import compare_runs, heldout_change, read_metrics
-from tlt_jax.rl.grpo import GRPOConfig
+from tlt_jax.rl.learner import learner_from_config
 from tlt_jax.rl.trainer import Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
@@ -42,7 +42,7 @@ def build_trainer(c, progress: bool = True) -> Trainer:
     engine["compile_cache_dir"] = os.path.join(c.get("cache_dir") or default_cache_dir(), "jax")
   return Trainer(w, out_dir=c.out_dir, steps=c.steps, prompts_per_step=c.prompts_per_step,
                  group_size=c.group_size, engine_cfg=EngineConfig.from_dict(engine),
-                 grpo=GRPOConfig(**c.grpo), optim=OptimConfig(**c.optim), seed=c.seed,
+                 learner=learner_from_config(c), optim=OptimConfig(**c.optim), seed=c.seed,
                  spec=spec, drafter=drafter, checkpoint_every=c.checkpoint_every,
                  micro_batches=c.micro_batches, mesh_shape=tuple(c.get("mesh", (1, 1))),
                  eval_prompts=eval_prompts, eval_answers=eval_answers,

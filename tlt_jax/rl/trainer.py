@@ -1,6 +1,7 @@
-"""The GRPO loop: prompts -> rollout (engine, optionally speculative) -> rewards -> update ->
+"""The RL loop: prompts -> rollout (engine, optionally speculative) -> rewards -> update ->
 weight sync -> (optionally) the adaptive drafter's spot training and checked publishing, with
-JSONL + TensorBoard metrics, a per-step rollout record and orbax checkpoints.
+JSONL + TensorBoard metrics, a per-step rollout record and orbax checkpoints. The algorithm is
+a learner (`rl.learner`: GRPO, GSPO); its metrics are logged under its name (`grpo/loss`).
 
 `baseline` and `tlt` runs are the same loop; `tlt` only adds speculative decoding to the rollout
 engine. With the `coupled` rule the rollouts, and so the whole run, are identical.
@@ -30,7 +31,7 @@ from tlt_jax.drafter.adaptive import AdaptiveDrafter
 from tlt_jax.drafter.proposer import as_proposer
 from tlt_jax.models.pretrained import save_pretrained
 from tlt_jax.models.sharding import make_mesh
-from tlt_jax.rl.grpo import GRPOConfig, group_advantages
+from tlt_jax.rl.learner import Learner
 from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
@@ -77,11 +78,12 @@ def tail_seconds(res, fraction: float = 0.25) -> float:
 
 
 class Trainer:
-  """One GRPO run. `mesh_shape` = (data, fsdp) for the update; `eval_prompts` (with answers) are
-  scored every `eval_every` steps, at step 0 and at the end (`eval/accuracy`)."""
+  """One RL run with `learner`'s algorithm. `mesh_shape` = (data, fsdp) for the update;
+  `eval_prompts` (with answers) are scored every `eval_every` steps, at step 0 and at the end
+  (`eval/accuracy`)."""
 
   def __init__(self, workload, *, out_dir: str, steps: int, prompts_per_step: int,
-               group_size: int, engine_cfg: EngineConfig, grpo: GRPOConfig, optim: OptimConfig,
+               group_size: int, engine_cfg: EngineConfig, learner: Learner, optim: OptimConfig,
                seed: int = 0, spec: SpecConfig | None = None, drafter=None,
                prompt_pool: list | None = None, answers: list | None = None,
                checkpoint_every: int = 0, keep: int = 2, micro_batches: int = 1,
@@ -104,7 +106,7 @@ class Trainer:
       raise ValueError(f"The longest prompt ({max(len(p) for p in self.pool_prompts)} tokens) "
                        f"exceeds every prefill bucket {engine_cfg.prefill_buckets}; add a "
                        "larger bucket to engine.prefill_buckets.")
-    self.updater = PolicyUpdater(workload.model, make_mesh(*mesh_shape), grpo, optim,
+    self.updater = PolicyUpdater(workload.model, make_mesh(*mesh_shape), learner, optim,
                                  workload.params, micro_batches)
     if not engine_cfg.max_prompt_len:  # one cache layout for every step: nothing compiles later
       longest = max(len(p) for p in list(self.pool_prompts) + list(eval_prompts or []))
@@ -161,8 +163,8 @@ class Trainer:
                           lengths, progress=progress)
     rows = self.prompts_per_step * self.group_size
     self.updater.warm_up(rows, self.prompt_bucket, self.w.params.max_new_tokens)
-    group_advantages(jnp.asarray(np.zeros(rows, np.float32)), self.group_size,
-                     self.updater.grpo.normalize_std)  # as a step converts its rewards
+    self.updater.learner.advantages(jnp.asarray(np.zeros(rows, np.float32)),
+                                    self.group_size)  # as a step converts its rewards
     self._key(0)
     if ad is not None:
       ad.warm_up(self._engine_state())
@@ -193,7 +195,7 @@ class Trainer:
                                  self.prompt_bucket, n, self.w.tokenizer.pad_id)
     old_logp, _ = self.updater.logprobs(toks, plen, mask)
     mismatch = float(np.max(np.abs(old_logp - res.logprobs) * mask))
-    adv = group_advantages(jnp.asarray(rewards), g, self.updater.grpo.normalize_std)
+    adv = self.updater.learner.advantages(jnp.asarray(rewards), g)
     ref_logp = self.updater.ref_logprobs(toks, plen, mask)
     batch = PolicyBatch(toks, plen, mask, np.asarray(adv), old_logp, ref_logp)
     t1 = time.perf_counter()
@@ -220,7 +222,7 @@ class Trainer:
         "drafter_version": self.engine.weights.drafter_version,
         "compile_events": built.events, "compile_s": round(built.seconds, 3),
         "logprob_mismatch_max": mismatch,
-        **{f"grpo/{k}": v for k, v in metrics.items()},
+        **{f"{self.updater.learner.name}/{k}": v for k, v in metrics.items()},
         **drafter_metrics,
     }
     out["drafter_version"] = self.engine.weights.drafter_version

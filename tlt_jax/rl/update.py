@@ -1,4 +1,4 @@
-"""The sharded GRPO policy update on a `(data, fsdp)` mesh.
+"""The sharded policy update on a `(data, fsdp)` mesh, for any learner (`rl.learner`).
 
 Parameters and optimizer state are laid out by the model's FSDP specs; each micro-batch's rows
 are split over both mesh axes; gradients are accumulated over length-sorted micro-batches, each
@@ -21,7 +21,8 @@ from jax.sharding import PartitionSpec as P
 from tlt_jax import optim
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.sharding import batch_sharding, param_shardings
-from tlt_jax.rl.grpo import GRPOConfig, grpo_loss, token_logprobs
+from tlt_jax.rl.grpo import token_logprobs
+from tlt_jax.rl.learner import Learner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,17 +66,17 @@ class PolicyUpdater:
   equal the full batch's loss for every aggregation mode, then one optimizer step is applied.
   """
 
-  def __init__(self, model, mesh, grpo: GRPOConfig, optim: OptimConfig, params: SamplingParams,
+  def __init__(self, model, mesh, learner: Learner, optim: OptimConfig, params: SamplingParams,
                micro_batches: int = 1):
     if micro_batches < 1:
       raise ValueError(f"micro_batches must be >= 1, got {micro_batches}.")
-    self.mesh, self.grpo, self.sampling, self.micro = mesh, grpo, params, micro_batches
+    self.mesh, self.learner, self.sampling, self.micro = mesh, learner, params, micro_batches
     self.graphdef, state = nnx.split(model, nnx.Param)
     self.param_sharding = param_shardings(state, mesh)
     self.params = jax.device_put(state, self.param_sharding)
     # The frozen reference policy of the KL term: the starting parameters (arrays are immutable
     # and never donated, so no copy). None when kl_coef is 0: nothing kept, nothing computed.
-    self.ref_params = self.params if grpo.kl_coef > 0 else None
+    self.ref_params = self.params if learner.kl_coef > 0 else None
     self.opt = optim.optimizer()
     opt_shape = jax.eval_shape(self.opt.init, self.params)
     self.opt_sharding = jax.tree.map(
@@ -106,8 +107,8 @@ class PolicyUpdater:
       model = nnx.merge(self.graphdef, p)
       logp, ent = token_logprobs(model, mb.tokens_RxL, mb.prompt_len_R, mb.mask_RxN.shape[1],
                                  self.sampling)
-      return grpo_loss(logp, mb.old_logp_RxN, mb.adv_R, mb.mask_RxN, self.grpo,
-                       mb.ref_logp_RxN, ent)
+      return self.learner.loss(logp, mb.old_logp_RxN, mb.adv_R, mb.mask_RxN, mb.ref_logp_RxN,
+                               ent)
 
     (_, metrics), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
     grads_acc = jax.tree.map(lambda a, b: a + weight * b, grads_acc, g)
@@ -164,12 +165,7 @@ class PolicyUpdater:
       mb = PolicyBatch(b.tokens_RxL[idx, : prompt_width + w], b.prompt_len_R[idx],
                        b.mask_RxN[idx, :w], b.adv_R[idx], b.old_logp_RxN[idx, :w],
                        b.ref_logp_RxN[idx, :w])
-      if self.grpo.aggregation == "sequence":
-        weight = len(idx) / rows            # the mean over rows
-      elif self.grpo.max_len_norm:
-        weight = 1.0                        # a sum over tokens / a constant
-      else:
-        weight = max(float(mb.mask_RxN.sum()), 1.0) / tokens  # the mean over all tokens
+      weight = self.learner.micro_weight(rows, tokens, len(idx), float(mb.mask_RxN.sum()))
       grads, m = self._grad(self.params, grads, self._put(mb), jnp.float32(weight))
       metrics = m if metrics is None else jax.tree.map(jnp.add, metrics, m)
     params, opt_state, grad_norm = self._apply(self.params, self.opt_state, grads)
@@ -178,7 +174,8 @@ class PolicyUpdater:
     bad = {k: v for k, v in metrics.items() if not np.isfinite(v)}
     if bad:  # the previous parameters are kept (not donated): nothing good is lost
       raise FloatingPointError(
-          f"GRPO update {self.step_count + 1} produced non-finite {bad}; it was not applied. "
+          f"{self.learner.name.upper()} update {self.step_count + 1} produced non-finite {bad}; it "
+          "was not applied. "
           "Lower the learning rate or check the rewards and advantages.")
     self.params, self.opt_state = params, opt_state
     self.step_count += 1
