@@ -4,9 +4,11 @@ Rows are `(prompt, sample)` pairs with sample id `i = prompt_index * G + g`; the
 at response position `t` is addressed (see `models/sampling.py`), so a row's tokens do not depend on
 which bucket, shard or dispatch produced them.
 
-Each data-parallel shard owns one device and runs its own executables (per-device, not SPMD):
+Each data-parallel shard is a sub-mesh (`rollout/shards.py`; one device today) holding its own
+copy of the weights (`rollout/weights.py`) and runs its own executables (not one SPMD program):
 shards then shrink their batches independently, and a shard whose rows are all done goes idle at
-once instead of stepping in lockstep with the busiest one. That idle window is reported in the
+once instead of stepping in lockstep with the busiest one. `generate` dispatches every busy shard
+and serves whichever completes first (`rollout/scheduler.py`). The idle window is reported in the
 timeline, and it is where the drafter trains.
 """
 
@@ -22,13 +24,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import SingleDeviceSharding
 
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.plain import pad_prompts
 from tlt_jax.rollout.pool import ExecutablePool, configure_compilation_cache
+from tlt_jax.rollout.scheduler import Results, ShardRun, next_ready
+from tlt_jax.rollout.shards import shard_meshes
 from tlt_jax.rollout.spec_step import spec_step
 from tlt_jax.rollout.state import DecodeState, empty_state, needs_layers, plain_step
 from tlt_jax.rollout.timeline import Timeline
@@ -110,17 +113,19 @@ def bucket_for(n: int, buckets) -> int:
 
 
 @dataclasses.dataclass
-class ShardRun:
-  """A busy shard's wave during `generate`: its decode state and the host's view of its rows."""
+class _Call:
+  """One `generate` call: the request, its layout, each shard's waves and the host results."""
 
-  state: DecodeState
-  b: int                   # batch bucket
-  slots: np.ndarray        # the row of each slot (-1: padding)
-  live: int                # live rows
-  t: np.ndarray            # tokens each slot had emitted at the last sync
-  ss: np.ndarray           # speculative steps each slot had taken at the last sync
-  arm: int | None = None   # the arm of the dispatch in flight (None: plain)
-  t0: float = 0.0          # when it was launched
+  prompts: list[list[int]]
+  rows: list[tuple[int, int]]      # (sample id, prompt index) of each row
+  waves: list[list[np.ndarray]]    # each shard's waves of rows, not yet started
+  params: SamplingParams
+  p_bucket: int                    # the prompt bucket of every prefill
+  layout: tuple                    # (cache_len, n, capture, hist): what every program shares
+  corpus: dict[int, list[int]]
+  keys: list[jax.Array]            # the sampling key on each shard
+  out: Results
+  timeline: Timeline
 
 
 class RolloutEngine:
@@ -137,11 +142,9 @@ class RolloutEngine:
     self.spec = SpecController(spec, config.batch_buckets) if spec is not None else None
     self.model_cfg = model.cfg
     self.pad_id = pad_id
-    devices = list(devices if devices is not None else jax.devices())
-    if config.num_shards > len(devices):
-      raise ValueError(f"num_shards={config.num_shards} but only {len(devices)} devices are "
-                       "visible (on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N).")
-    self.devices = devices[: config.num_shards]
+    self.meshes = shard_meshes(devices if devices is not None else jax.devices(),
+                               config.num_shards)
+    self.devices = [m.devices.flat[0] for m in self.meshes]  # where a shard's host work goes
     configure_compilation_cache(config.compile_cache_dir)
     self.graphdef, state = nnx.split(model)
     self.drafter = drafter
@@ -150,7 +153,7 @@ class RolloutEngine:
                         and drafter.follows_lazily)
     self.pool = ExecutablePool(cache_dir=config.compile_cache_dir,
                                fingerprint=self._fingerprint((state, dstate)))
-    self.weights = WeightStore(self.devices, state, dstate)
+    self.weights = WeightStore(self.meshes, state, dstate)
 
   def _fingerprint(self, state) -> str:
     """What, besides the pool key, determines a compiled program."""
@@ -159,7 +162,7 @@ class RolloutEngine:
       src.update(f.read_bytes())
     shapes = jax.tree.map(lambda x: (x.shape, str(x.dtype)), state)
     return "|".join([jax.__version__, repr(self.model_cfg), repr(shapes), src.hexdigest(),
-                     repr(self.pad_id), repr([str(d) for d in self.devices]),
+                     repr(self.pad_id), repr([m.devices.tolist() for m in self.meshes]),
                      repr(self.cfg), repr(self.spec.config if self.spec else None)])
 
   def _merge(self, weights):
@@ -171,7 +174,7 @@ class RolloutEngine:
   # ------------------------------------------------------------------ executables
 
   def _abstract(self, tree, shard: int):
-    sh = SingleDeviceSharding(self.devices[shard])
+    sh = self.weights.sharding(shard)
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree)
 
   def _state_shape(self, b: int, cache_len: int, n: int, capture: bool, hist: int):
@@ -316,141 +319,130 @@ class RolloutEngine:
     decode: the window where the drafter's spot trainer may use that device.
     """
     p_bucket = self.validate(prompts, group_size, params)
-    capture = capture_hidden or self.lazy_follow  # a lazy drafter catches up from hidden states
     n = params.max_new_tokens
     cache_len, hist = self.layout(n, max(len(p) for p in prompts))
-    c_len = self.cfg.suffix_corpus_len if self.spec is not None else 0
     rows = [(i * group_size + g, i) for i in range(len(prompts)) for g in range(group_size)]
-    total = len(rows)
-    out_tokens = np.full((total, n), self.pad_id, np.int32)
-    out_logp = np.zeros((total, n), np.float32)
-    out_len = np.zeros(total, np.int32)
-    out_stop = np.zeros(total, bool)
-    d = self.model_cfg.d_model
-    out_hidden = np.zeros((total, n, d), np.float32) if capture_hidden else None
-    out_phidden = np.zeros((total, d), np.float32) if capture_hidden else None
-    timeline = Timeline(self.cfg.num_shards)
+    call = _Call(prompts, rows, self._waves(len(rows)), params, p_bucket,
+                 (cache_len, n, capture_hidden or self.lazy_follow, hist), corpus or {},
+                 [jax.device_put(key, self.weights.sharding(s)) for s in range(len(self.meshes))],
+                 Results(len(rows), n, self.model_cfg.d_model, self.pad_id, capture_hidden),
+                 Timeline(self.cfg.num_shards))
     built = compiles.Since()
     start = time.perf_counter()
-    spec_arms = self.spec.config.arms if self.spec is not None else ()
+    for s, waves in enumerate(call.waves):
+      if waves:  # a shard's first wave tells which programs it will reach: build them meanwhile
+        self._schedule_precompile(s, [rows[r][1] for r in waves[0]], *call.layout, params,
+                                  p_bucket)
+    runs = {s: self._start_wave(call, s) for s, waves in enumerate(call.waves) if waves}
+    for s, run in runs.items():
+      self._dispatch(call, s, run)
+    while runs:
+      s = next_ready(runs)
+      run = self._settle(call, s, runs[s])
+      if run is not None:
+        runs[s] = run
+        self._dispatch(call, s, run)
+        continue
+      del runs[s]
+      call.timeline.shard_done(s, time.perf_counter())
+      if on_shard_idle is not None:
+        on_shard_idle(s, self.devices[s])
 
-    def harvest(st: DecodeState, slots: np.ndarray, ids: np.ndarray):
-      """Copies the given rows of a shard state to the host results."""
-      host = jax.device_get((st.tokens_BxN, st.logprobs_BxN, st.t_B, st.stopped_B))
-      for slot, rid in zip(slots, ids):
-        out_tokens[rid], out_logp[rid] = host[0][slot], host[1][slot]
-        out_len[rid], out_stop[rid] = host[2][slot], host[3][slot]
-      if capture_hidden:
-        h, ph = jax.device_get((st.hidden_BxNxD, st.prompt_hidden_BxD))
-        for slot, rid in zip(slots, ids):
-          out_hidden[rid], out_phidden[rid] = h[slot], ph[slot]
-
-    waves = self._waves(total)
-    shard_state: list[ShardRun | None] = [None] * self.cfg.num_shards
-    for s in range(self.cfg.num_shards):
-      first = [rows[r][1] for r in waves[s][0]] if waves[s] else []
-      self._schedule_precompile(s, first, cache_len, n, capture, hist, params, p_bucket)
-
-    def start_wave(s):
-      wave = waves[s].pop(0)
-      b = bucket_for(len(wave), self.cfg.batch_buckets)
-      prefill_idx, u, src_np = self._distinct([rows[r][1] for r in wave], b)
-      prompts_np, lens_np = pad_prompts([prompts[q] for q in prefill_idx], p_bucket, self.pad_id)
-      hist_np = np.full((b, hist), -1, np.int32)
-      hist_len, corpus_len = np.zeros(b, np.int32), np.zeros(b, np.int32)
-      for slot, r in enumerate(wave):
-        text = list((corpus or {}).get(rows[r][1], []))[-c_len:] if c_len else []
-        seq = text + list(prompts[rows[r][1]])
-        hist_np[slot, : len(seq)] = seq
-        hist_len[slot], corpus_len[slot] = len(seq), len(text)
-      pad = b - len(wave)
-      upad = u - len(prefill_idx)
-      prompts_np = np.pad(prompts_np, ((0, upad), (0, 0)), constant_values=self.pad_id)
-      lens_np = np.pad(lens_np, (0, upad), constant_values=1)
-      ids_np = np.pad(np.array([rows[r][0] for r in wave], np.int32), (0, pad))
-      active = np.arange(b) < len(wave)
-      t0 = time.perf_counter()
-      exe = self._get(self._prefill_exe(s, b, u, p_bucket, cache_len, n, capture, hist))
-      dev = self.devices[s]
-      st = exe(self.weights.shard(s), *[jax.device_put(x, dev) for x in (
-          prompts_np, lens_np, src_np, ids_np, active, hist_np, hist_len, corpus_len)])
-      timeline.record(s, "prefill", t0, time.perf_counter(), b, len(wave))
-      slot_rows = np.concatenate([wave, np.full(pad, -1)])  # row of each slot (-1: padding)
-      return ShardRun(st, b, slot_rows, len(wave), np.zeros(b, np.int64), np.zeros(b, np.int64))
-
-    for s in range(self.cfg.num_shards):
-      if waves[s]:
-        shard_state[s] = start_wave(s)
-    key_dev = [jax.device_put(key, d) for d in self.devices]
-
-    while any(x is not None for x in shard_state):
-      launched = []
-      for s, sh in enumerate(shard_state):  # dispatch every busy shard before syncing any
-        if sh is None:
-          continue
-        arm = self.spec.choose(sh.b, sh.live) if self.spec is not None else None
-        if arm is None or self.spec.is_plain(arm):
-          exe = self._get(self._decode_exe(s, sh.b, cache_len, n, capture, hist,
-                                           params))
-        else:
-          exe = self._get(self._spec_exe(s, sh.b, cache_len, n, capture, hist, params,
-                                         spec_arms[arm]))
-        sh.arm, sh.t0 = arm, time.perf_counter()
-        sh.state = exe(self.weights.shard(s), sh.state, key_dev[s])
-        launched.append(s)
-      for s in launched:
-        sh = shard_state[s]
-        done, t_now, ss_now = (np.asarray(x) for x in jax.device_get(
-            (sh.state.done_B, sh.state.t_B, sh.state.spec_steps_B)))
-        wall = time.perf_counter() - sh.t0
-        live_slots = np.flatnonzero(~done & (sh.slots >= 0))
-        emitted = int(np.sum(t_now - sh.t))
-        plain = sh.arm is None or self.spec.is_plain(sh.arm)
-        kind = "decode" if plain else f"spec:{spec_arms[sh.arm].name}"
-        timeline.record(s, kind, sh.t0, time.perf_counter(), sh.b, sh.live,
-                        steps=self.cfg.steps_per_dispatch, live_after=len(live_slots),
-                        tokens=emitted)
-        if sh.arm is not None:
-          row_steps = int(np.sum(ss_now - sh.ss))
-          self.spec.record(sh.b, sh.arm, emitted, row_steps, wall)
-        sh.t, sh.ss = t_now, ss_now
-        finished = np.flatnonzero(done & (sh.slots >= 0))
-        if len(live_slots) == 0:
-          harvest(sh.state, finished, sh.slots[finished])
-          kvc.check_overflow(sh.state.cache)
-          shard_state[s] = start_wave(s) if waves[s] else None
-          if shard_state[s] is None:
-            timeline.shard_done(s, time.perf_counter())
-            if on_shard_idle is not None:
-              on_shard_idle(s, self.devices[s])
-          continue
-        new_b = bucket_for(len(live_slots), self.cfg.batch_buckets)
-        if new_b < sh.b:
-          t0 = time.perf_counter()
-          harvest(sh.state, finished, sh.slots[finished])
-          filler = np.flatnonzero(done)[0]  # a done slot: padding rows must stay done
-          # One bucket down at a time (programs only for adjacent buckets): the first gather puts
-          # the live rows first, each later one keeps the leading rows.
-          chain = [x for x in reversed(self.cfg.batch_buckets) if new_b <= x < sh.b]
-          idx = np.concatenate([live_slots, np.full(chain[0] - len(live_slots), filler)])
-          for b_old, b_new in zip([sh.b] + chain, chain):
-            step_idx = idx if b_old == sh.b else np.arange(b_new)
-            exe = self._get(self._compact_exe(s, b_old, b_new, cache_len, n, capture, hist))
-            sh.state = exe(sh.state, jax.device_put(step_idx.astype(np.int32),
-                                                          self.devices[s]))
-          idx = idx[:new_b]
-          slots = sh.slots[idx]
-          slots[len(live_slots):] = -1  # padding slots: already harvested, never harvested again
-          sh.slots, sh.b = slots, new_b
-          sh.t, sh.ss = sh.t[idx], sh.ss[idx]
-          timeline.record(s, "compact", t0, time.perf_counter(), new_b, len(live_slots))
-        sh.live = len(live_slots)
-
-    timeline.finish(time.perf_counter() - start, int(out_len.sum()), built.events, built.seconds)
+    out, timeline = call.out, call.timeline
+    timeline.finish(time.perf_counter() - start, int(out.lengths_R.sum()), built.events,
+                    built.seconds)
     if self.spec is not None:
       timeline.spec = self.spec.summary()
-    reasons = ["stop" if s else "length" for s in out_stop]
-    return RolloutResult(out_tokens, out_logp, out_len, reasons, out_hidden, out_phidden, timeline)
+    reasons = ["stop" if s else "length" for s in out.stopped_R]
+    return RolloutResult(out.tokens_RxN, out.logprobs_RxN, out.lengths_R, reasons,
+                         out.hidden_RxNxD, out.prompt_hidden_RxD, timeline)
+
+  def _start_wave(self, call: _Call, s: int) -> ShardRun:
+    """Prefills shard `s`'s next wave (the G samples of a prompt share one prompt forward)."""
+    wave = call.waves[s].pop(0)
+    b = bucket_for(len(wave), self.cfg.batch_buckets)
+    prefill_idx, u, src_np = self._distinct([call.rows[r][1] for r in wave], b)
+    prompts_np, lens_np = pad_prompts([call.prompts[q] for q in prefill_idx], call.p_bucket,
+                                      self.pad_id)
+    c_len = self.cfg.suffix_corpus_len if self.spec is not None else 0
+    hist = call.layout[3]
+    hist_np = np.full((b, hist), -1, np.int32)
+    hist_len, corpus_len = np.zeros(b, np.int32), np.zeros(b, np.int32)
+    for slot, r in enumerate(wave):
+      q = call.rows[r][1]
+      text = list(call.corpus.get(q, []))[-c_len:] if c_len else []
+      seq = text + list(call.prompts[q])
+      hist_np[slot, : len(seq)] = seq
+      hist_len[slot], corpus_len[slot] = len(seq), len(text)
+    pad, upad = b - len(wave), u - len(prefill_idx)
+    prompts_np = np.pad(prompts_np, ((0, upad), (0, 0)), constant_values=self.pad_id)
+    lens_np = np.pad(lens_np, (0, upad), constant_values=1)
+    ids_np = np.pad(np.array([call.rows[r][0] for r in wave], np.int32), (0, pad))
+    active = np.arange(b) < len(wave)
+    t0 = time.perf_counter()
+    exe = self._get(self._prefill_exe(s, b, u, call.p_bucket, *call.layout))
+    put = self.weights.sharding(s)
+    st = exe(self.weights.shard(s), *[jax.device_put(x, put) for x in (
+        prompts_np, lens_np, src_np, ids_np, active, hist_np, hist_len, corpus_len)])
+    call.timeline.record(s, "prefill", t0, time.perf_counter(), b, len(wave))
+    slot_rows = np.concatenate([wave, np.full(pad, -1)])  # row of each slot (-1: padding)
+    return ShardRun(st, b, slot_rows, len(wave), np.zeros(b, np.int64), np.zeros(b, np.int64))
+
+  def _dispatch(self, call: _Call, s: int, run: ShardRun) -> None:
+    """Launches shard `s`'s next `steps_per_dispatch` steps, plain or with the arm the controller
+    picks for its batch; returns without waiting for them."""
+    arm = self.spec.choose(run.b, run.live) if self.spec is not None else None
+    if arm is None or self.spec.is_plain(arm):
+      key_build = self._decode_exe(s, run.b, *call.layout, call.params)
+    else:
+      key_build = self._spec_exe(s, run.b, *call.layout, call.params,
+                                 self.spec.config.arms[arm])
+    run.arm, run.t0 = arm, time.perf_counter()
+    run.state = self._get(key_build)(self.weights.shard(s), run.state, call.keys[s])
+
+  def _settle(self, call: _Call, s: int, run: ShardRun) -> ShardRun | None:
+    """After shard `s`'s dispatch: records it, harvests finished rows and compacts the batch into
+    a smaller bucket; when no row is left, starts the shard's next wave (None: no wave left)."""
+    done, t_now, ss_now = (np.asarray(x) for x in jax.device_get(
+        (run.state.done_B, run.state.t_B, run.state.spec_steps_B)))
+    wall = time.perf_counter() - run.t0
+    live_slots = np.flatnonzero(~done & (run.slots >= 0))
+    emitted = int(np.sum(t_now - run.t))
+    plain = run.arm is None or self.spec.is_plain(run.arm)
+    kind = "decode" if plain else f"spec:{self.spec.config.arms[run.arm].name}"
+    call.timeline.record(s, kind, run.t0, time.perf_counter(), run.b, run.live,
+                         steps=self.cfg.steps_per_dispatch, live_after=len(live_slots),
+                         tokens=emitted)
+    if run.arm is not None:
+      self.spec.record(run.b, run.arm, emitted, int(np.sum(ss_now - run.ss)), wall)
+    run.t, run.ss = t_now, ss_now
+    finished = np.flatnonzero(done & (run.slots >= 0))
+    if len(live_slots) == 0:
+      call.out.harvest(run.state, finished, run.slots[finished])
+      kvc.check_overflow(run.state.cache)
+      return self._start_wave(call, s) if call.waves[s] else None
+    new_b = bucket_for(len(live_slots), self.cfg.batch_buckets)
+    if new_b < run.b:
+      t0 = time.perf_counter()
+      call.out.harvest(run.state, finished, run.slots[finished])
+      filler = np.flatnonzero(done)[0]  # a done slot: padding rows must stay done
+      # One bucket down at a time (programs only for adjacent buckets): the first gather puts
+      # the live rows first, each later one keeps the leading rows.
+      chain = [x for x in reversed(self.cfg.batch_buckets) if new_b <= x < run.b]
+      idx = np.concatenate([live_slots, np.full(chain[0] - len(live_slots), filler)])
+      for b_old, b_new in zip([run.b] + chain, chain):
+        step_idx = idx if b_old == run.b else np.arange(b_new)
+        exe = self._get(self._compact_exe(s, b_old, b_new, *call.layout))
+        run.state = exe(run.state, jax.device_put(step_idx.astype(np.int32),
+                                                  self.weights.sharding(s)))
+      idx = idx[:new_b]
+      slots = run.slots[idx]
+      slots[len(live_slots):] = -1  # padding slots: already harvested, never harvested again
+      run.slots, run.b = slots, new_b
+      run.t, run.ss = run.t[idx], run.ss[idx]
+      call.timeline.record(s, "compact", t0, time.perf_counter(), new_b, len(live_slots))
+    run.live = len(live_slots)
+    return run
 
   def _waves(self, total: int) -> list[list[np.ndarray]]:
     """Rows of each shard's waves: shards take contiguous blocks of the `total` rows, and each

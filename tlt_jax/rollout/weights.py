@@ -1,4 +1,5 @@
-"""The weights a rollout runs with: the policy's and the draft model's, one copy per shard.
+"""The weights a rollout runs with: the policy's and the draft model's, one copy per shard
+(each shard a sub-mesh: `rollout/shards.py`).
 
 Weights enter the compiled programs as arguments, so installing new ones (the policy after each
 update, a drafter version the publisher accepted) compiles nothing. The store keeps the one
@@ -9,7 +10,9 @@ checkpoints record it.
 from __future__ import annotations
 
 import jax
-from jax.sharding import SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding
+
+from tlt_jax.rollout.shards import replicated
 
 
 def _abstract(state):
@@ -19,8 +22,8 @@ def _abstract(state):
 class WeightStore:
   """Per-shard copies of the policy's and (optionally) the draft model's weights."""
 
-  def __init__(self, devices, policy_state, drafter_state=None):
-    self.devices = list(devices)
+  def __init__(self, meshes: list[Mesh], policy_state, drafter_state=None):
+    self.meshes = list(meshes)
     self.drafter_version = 0
     self._drafter, self._abstract_drafter = None, None
     self.set_policy(policy_state)
@@ -29,9 +32,9 @@ class WeightStore:
       self.set_drafter(drafter_state)
 
   def set_policy(self, state) -> None:
-    """Installs new policy weights (e.g. from a sharded trainer) on every shard's device."""
+    """Installs new policy weights (e.g. from a sharded trainer) on every shard."""
     self._abstract_policy = _abstract(state)
-    self._policy = [jax.device_put(state, SingleDeviceSharding(d)) for d in self.devices]
+    self._policy = self._place(state)
 
   def set_drafter(self, state, version: int | None = None) -> None:
     """Installs drafter weights on every shard (between dispatches: never mid-verification) as
@@ -39,8 +42,15 @@ class WeightStore:
     if self._drafter is None:
       raise ValueError("This engine was built without a drafter.")
     self._abstract_drafter = _abstract(state)
-    self._drafter = [jax.device_put(state, SingleDeviceSharding(d)) for d in self.devices]
+    self._drafter = self._place(state)
     self.drafter_version = self.drafter_version + 1 if version is None else version
+
+  def sharding(self, s: int) -> NamedSharding:
+    """Where shard `s`'s weights, decode state and inputs live."""
+    return replicated(self.meshes[s])
+
+  def _place(self, state) -> list:
+    return [jax.device_put(state, self.sharding(s)) for s in range(len(self.meshes))]
 
   def shard(self, s: int) -> tuple:
     """(policy, drafter or None) on shard `s`: a program's first argument."""

@@ -1,0 +1,68 @@
+"""What each rollout shard is doing during one `generate` call, and which shard to serve next.
+
+The engine dispatches every busy shard's next steps without waiting, then serves shards in the
+order their dispatches complete (`next_ready` polls the arrays instead of blocking on one shard
+in turn): a shard that finishes early is harvested, compacted or handed its next wave while the
+others still run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+from tlt_jax.rollout.state import DecodeState
+
+_POLL_S = 1e-4
+
+
+@dataclasses.dataclass
+class ShardRun:
+  """A busy shard's wave: its decode state on the device and the host's view of its rows."""
+
+  state: DecodeState
+  b: int                   # batch bucket
+  slots: np.ndarray        # the row of each slot (-1: padding)
+  live: int                # live rows
+  t: np.ndarray            # tokens each slot had emitted at the last sync
+  ss: np.ndarray           # speculative steps each slot had taken at the last sync
+  arm: int | None = None   # the arm of the dispatch in flight (None: plain)
+  t0: float = 0.0          # when it was launched
+
+
+def next_ready(runs: dict[int, ShardRun]) -> int:
+  """The shard (a key of `runs`) whose dispatch in flight completes first; with one shard, that
+  shard (the caller then blocks on it)."""
+  if len(runs) == 1:
+    return next(iter(runs))
+  while True:
+    for s, run in runs.items():
+      if run.state.done_B.is_ready():
+        return s
+    time.sleep(_POLL_S)
+
+
+class Results:
+  """Host buffers for a call's `R` rows of up to `N` new tokens, filled as shards finish rows."""
+
+  def __init__(self, rows: int, n: int, d_model: int, pad_id: int, hidden: bool):
+    self.tokens_RxN = np.full((rows, n), pad_id, np.int32)
+    self.logprobs_RxN = np.zeros((rows, n), np.float32)
+    self.lengths_R = np.zeros(rows, np.int32)
+    self.stopped_R = np.zeros(rows, bool)
+    self.hidden_RxNxD = np.zeros((rows, n, d_model), np.float32) if hidden else None
+    self.prompt_hidden_RxD = np.zeros((rows, d_model), np.float32) if hidden else None
+
+  def harvest(self, st: DecodeState, slots: np.ndarray, rows: np.ndarray) -> None:
+    """Copies the given slots of a shard's state into their rows."""
+    host = jax.device_get((st.tokens_BxN, st.logprobs_BxN, st.t_B, st.stopped_B))
+    for slot, r in zip(slots, rows):
+      self.tokens_RxN[r], self.logprobs_RxN[r] = host[0][slot], host[1][slot]
+      self.lengths_R[r], self.stopped_R[r] = host[2][slot], host[3][slot]
+    if self.hidden_RxNxD is not None:
+      h, ph = jax.device_get((st.hidden_BxNxD, st.prompt_hidden_BxD))
+      for slot, r in zip(slots, rows):
+        self.hidden_RxNxD[r], self.prompt_hidden_RxD[r] = h[slot], ph[slot]

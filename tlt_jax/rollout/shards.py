@@ -1,0 +1,31 @@
+"""Rollout shards as sub-meshes: shard `s` holds one copy of the model on its own devices.
+
+Each shard is a `Mesh` over `devices_per_shard` devices with the axis `tp`; its weights, cache
+and inputs are placed with `NamedSharding`s on that mesh. Today a shard is one device and every
+array is replicated on it; a tensor-parallel shard splits the heads and MLP over `tp` without the
+engine changing how it schedules shards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+SHARD_AXES = ("tp",)
+
+
+def shard_meshes(devices, num_shards: int, devices_per_shard: int = 1) -> list[Mesh]:
+  """`num_shards` disjoint meshes of `devices_per_shard` consecutive devices each."""
+  devices = list(devices)
+  need = num_shards * devices_per_shard
+  if need > len(devices):
+    raise ValueError(f"num_shards={num_shards} x {devices_per_shard} device(s) per shard needs "
+                     f"{need} devices but {len(devices)} are visible (on CPU set "
+                     "XLA_FLAGS=--xla_force_host_platform_device_count=N).")
+  return [Mesh(np.array(devices[i * devices_per_shard: (i + 1) * devices_per_shard]), SHARD_AXES)
+          for i in range(num_shards)]
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """The sharding of an array every device of the shard holds whole."""
+  return NamedSharding(mesh, PartitionSpec())
