@@ -20,7 +20,7 @@ from ml_collections import config_flags  # noqa: E402
 from experiments import launch  # noqa: E402
 from tlt_jax import sft  # noqa: E402
 from tlt_jax.evaluation import evaluate_task  # noqa: E402
-from tlt_jax.rl.run import run_pair  # noqa: E402
+from tlt_jax.rl.run import check_config, run_pair  # noqa: E402
 from tlt_jax.tasks.arithmetic import TaskConfig  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/demo.py")
@@ -30,6 +30,11 @@ def main(argv):
   del argv
   c = _CONFIG.value
   start = time.time()
+  for name in ("baseline", "tlt"):  # the demo's own warm start, caches and run directories
+    c[name].sft = c.sft
+    c[name].out_dir = os.path.join(c.out_dir, name)
+    c[name].cache_dir = c.sft.cache_dir
+    check_config(c[name])  # both runs' settings, before the warm start
   model, summary = sft.warm_start(c.sft)
   how = ("shipped with the package" if summary.get("shipped") else "loaded from the cache"
          if summary["cached"] else "trained and cached")
@@ -41,10 +46,6 @@ def main(argv):
         f"{ev.temperature}: accuracy {stats['accuracy']:.3f}, response length p50 "
         f"{stats['length_p50']:.0f} / p99 {stats['length_p99']:.0f}, mixed-reward groups "
         f"{stats['mixed_group_fraction']:.2f}")
-  for name in ("baseline", "tlt"):  # the demo's own warm start, caches and run directories
-    c[name].sft = c.sft
-    c[name].out_dir = os.path.join(c.out_dir, name)
-    c[name].cache_dir = c.sft.cache_dir
   pair = run_pair(c.baseline, c.tlt)
   print(f"[demo] GRPO, {pair['baseline_steps']} steps: held-out accuracy "
         f"{pair['heldout_before']:.3f} -> {pair['heldout_after']:.3f} on "

@@ -1,5 +1,5 @@
 """What every launcher shares: absl's `app.run`, with the libraries' INFO logs off and a
-one-line error for a bad command line.
+one-line error for a bad command line or a bad config setting (`ConfigError`).
 
 A run prints its progress bars, its `[run]`/`[demo]` summary lines and warnings. orbax, jax and
 absl log every checkpoint and compile at INFO; ask for them with `--verbosity=0` (absl's flag) or
@@ -14,6 +14,8 @@ import sys
 import ml_collections
 from absl import app, flags
 from absl.logging import converter
+
+from tlt_jax.errors import ConfigError
 
 _VERBOSITY_ENV = "TLT_JAX_VERBOSITY"
 
@@ -32,7 +34,10 @@ def run(main) -> None:
   def quiet_main(argv):
     if not flags.FLAGS["verbosity"].present:
       flags.FLAGS.verbosity = level
-    return main(argv)
+    try:
+      return main(argv)
+    except ConfigError as e:  # a bad setting: one line, no traceback
+      raise SystemExit(str(e)) from None
 
   app.run(quiet_main, flags_parser=_parse_flags)
 

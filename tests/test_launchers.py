@@ -61,3 +61,18 @@ def test_a_bad_command_line_is_one_line_naming_the_key_and_the_nearest_known_one
   proc = run_module("experiments.sft_warmstart", "--config=experiments/configs/sft_tiny.py:smal")
   assert proc.returncode != 0 and "Traceback" not in proc.stderr
   assert "Unknown variant 'smal'" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_a_bad_run_setting_is_one_line_before_any_work(tmp_path):
+  """Checked before the warm start loads: a bad value, an unknown learner or workload."""
+  for override, expect in (("--config.temperature=-1.0", "config: temperature must be >= 0"),
+                           ("--config.learner=gpso", "config.learner: config.learner='gpso' is "
+                                                     "not a learner; available: grpo, gspo"),
+                           ("--config.model=tinny", "(did you mean 'tiny'?)"),
+                           ("--config.optim.lr=0.0", "config.optim: lr must be > 0")):
+    proc = run_module("experiments.train_grpo",
+                      "--config=experiments/configs/tiny_baseline.py:small",
+                      f"--config.out_dir={tmp_path}/run", override)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert expect in proc.stderr.strip().splitlines()[-1]
+    assert not os.path.exists(tmp_path / "run")

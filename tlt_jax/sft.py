@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from tlt_jax import optim
 from tlt_jax.checkpoint import Checkpointer, CheckpointError
+from tlt_jax.errors import ConfigError
 from tlt_jax.hashing import content_digest
 from tlt_jax.models import Transformer, get_preset, init_model
 from tlt_jax.models.pretrained import load_hf_folder, save_pretrained
@@ -66,11 +67,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   t = config.train
   for name in ("steps", "tokens_per_batch"):
     if int(t[name]) < 1:
-      raise ValueError(f"config.train.{name} must be >= 1, got {t[name]}.")
+      raise ConfigError(f"config.train.{name} must be >= 1, got {t[name]}.")
   if not t.lr > 0:
-    raise ValueError(f"config.train.lr must be > 0, got {t.lr}.")
+    raise ConfigError(f"config.train.lr must be > 0, got {t.lr}.")
   if t.tokens_per_batch < LENGTH_BUCKETS[-1]:
-    raise ValueError(f"config.train.tokens_per_batch must be >= {LENGTH_BUCKETS[-1]}.")
+    raise ConfigError(f"config.train.tokens_per_batch must be >= {LENGTH_BUCKETS[-1]}.")
 
 
 def _bucket_batches(problems, tok, tokens_per_batch: int, rng: np.random.Generator):

@@ -1,9 +1,12 @@
-"""The two workloads, built from a config: `tiny` on the built-in task (warm-started policy) and
-`smollm2` on the procedural word problems. Used by the benchmarks and the trainer."""
+"""Workloads by name, built from a config: `tiny` on the built-in task (warm-started policy) and
+`smollm2` on the procedural word problems; `register_workload` adds one. Used by the benchmarks
+and the trainer."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+from collections.abc import Callable
 
 import ml_collections
 
@@ -31,6 +34,71 @@ class Workload:
   reward_fn: object  # (response ids, answer) -> float; 1.0 exactly when the answer is correct
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkloadKind:
+  """A workload by name: the rewards it offers (the first is the default) and how it is built:
+  `build(c, num_prompts, seed, difficulty, reward)` -> (model, tokenizer, prompts, answers,
+  max_new_tokens, reward_fn)."""
+
+  rewards: tuple[str, ...]
+  build: Callable
+
+
+WORKLOADS: dict[str, WorkloadKind] = {}
+
+
+def register_workload(name: str, kind: WorkloadKind) -> None:
+  """Makes `config.model = name` build this workload."""
+  WORKLOADS[name] = kind
+
+
+def get_workload(name: str) -> WorkloadKind:
+  if name not in WORKLOADS:
+    near = difflib.get_close_matches(str(name), WORKLOADS, n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    raise ValueError(f"config.model={name!r} is not a workload{hint}; known: "
+                     f"{', '.join(sorted(WORKLOADS))}.")
+  return WORKLOADS[name]
+
+
+def reward_name(c: ml_collections.ConfigDict) -> str:
+  """`c.reward`, checked against what `c.model`'s workload offers (default: its first)."""
+  kind = get_workload(c.model)
+  name = c.get("reward", kind.rewards[0])
+  if name not in kind.rewards:
+    raise ValueError(f"config.reward={name!r}: the {c.model} workload offers "
+                     f"{', '.join(map(repr, kind.rewards))}.")
+  return name
+
+
+def _tiny(c, num_prompts: int, seed: int, difficulty: dict, reward: str):
+  model, _ = sft.warm_start(c.sft)
+  tok = CharTokenizer(model.cfg.vocab_size)
+  task = arithmetic.TaskConfig.from_dict(c.sft.task)
+  _, max_new = task_lengths(task)
+  problems = arithmetic.make_problems(num_prompts, narrowed(task, difficulty), seed=seed)
+  prompts = [arithmetic.encode_prompt(tok, p) for p in problems]
+  if reward == "answer":
+    reward_fn = lambda ids, p: arithmetic.reward(tok.decode(ids), p.answer)
+  else:  # "progress": partial credit for the scratchpad steps before the first error
+    reward_fn = lambda ids, p: arithmetic.progress_reward(tok.decode(ids), p)
+  return model, tok, prompts, problems, max_new, reward_fn
+
+
+def _smollm2(c, num_prompts: int, seed: int, difficulty: dict, reward: str):
+  del reward  # only "answer"
+  model, tok = load_pretrained("smollm2")
+  problems = make_word_problems(
+      num_prompts, narrowed(WordProblemConfig(**c.word_problems), difficulty), seed)
+  prompts = [tok.encode(chat_prompt(tok, p.question, c.instruction)) for p in problems]
+  reward_fn = lambda ids, ans: verify(tok.decode(ids), ans)
+  return model, tok, prompts, [p.answer for p in problems], c.max_new_tokens, reward_fn
+
+
+register_workload("tiny", WorkloadKind(("answer", "progress"), _tiny))
+register_workload("smollm2", WorkloadKind(("answer",), _smollm2))
+
+
 def build_workload(c: ml_collections.ConfigDict, num_prompts: int, seed: int,
                    difficulty: dict | None = None) -> Workload:
   """Model, tokenised prompts, answers, sampling params and reward for `c.model`.
@@ -39,41 +107,14 @@ def build_workload(c: ml_collections.ConfigDict, num_prompts: int, seed: int,
   `min_steps`/`max_steps`; `smollm2`: `WordProblemConfig`) for these prompts only, e.g. an RL
   prompt pool focused where groups get mixed rewards; lengths and sampling stay the task's own.
   """
-  difficulty = dict(difficulty or {})
-  if c.model == "tiny":
-    model, _ = sft.warm_start(c.sft)
-    tok = CharTokenizer(model.cfg.vocab_size)
-    task = arithmetic.TaskConfig.from_dict(c.sft.task)
-    _, max_new = task_lengths(task)
-    problems = arithmetic.make_problems(num_prompts, narrowed(task, difficulty), seed=seed)
-    prompts = [arithmetic.encode_prompt(tok, p) for p in problems]
-    answers = problems
-    kind = c.get("reward", "answer")
-    if kind == "answer":
-      reward = lambda ids, p: arithmetic.reward(tok.decode(ids), p.answer)
-    elif kind == "progress":
-      reward = lambda ids, p: arithmetic.progress_reward(tok.decode(ids), p)
-    else:
-      raise ValueError(f"config.reward must be 'answer' or 'progress', got {kind!r}.")
-  elif c.model == "smollm2":
-    model, tok = load_pretrained("smollm2")
-    problems = make_word_problems(
-        num_prompts, narrowed(WordProblemConfig(**c.word_problems), difficulty), seed)
-    prompts = [tok.encode(chat_prompt(tok, p.question, c.instruction)) for p in problems]
-    answers = [p.answer for p in problems]
-    max_new = c.max_new_tokens
-    if c.get("reward", "answer") != "answer":
-      raise ValueError(f"config.reward={c.reward!r}: the word problems have only the 'answer' "
-                       "reward.")
-    reward = lambda ids, ans: verify(tok.decode(ids), ans)
-  else:
-    raise ValueError(f"Unknown workload model {c.model!r}; use 'tiny' or 'smollm2'.")
+  model, tok, prompts, answers, max_new, reward_fn = get_workload(c.model).build(
+      c, num_prompts, seed, dict(difficulty or {}), reward_name(c))
   if c.get("max_new_tokens"):
     max_new = c.max_new_tokens
   params = SamplingParams(temperature=c.temperature, top_k=c.get("top_k", 0),
                           top_p=c.get("top_p", 1.0), max_new_tokens=max_new,
                           stop_tokens=(tok.eos_id,))
-  return Workload(model, tok, prompts, answers, params, reward)
+  return Workload(model, tok, prompts, answers, params, reward_fn)
 
 
 def narrowed(task, difficulty: dict):

@@ -9,29 +9,65 @@ import os
 import jax
 import numpy as np
 
+from tlt_jax import sft
 from tlt_jax.drafter.adaptive import AdaptiveConfig
+from tlt_jax.errors import ConfigError
+from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rl.compare import compare_runs, heldout_change, read_metrics
 from tlt_jax.rl.learner import learner_from_config
 from tlt_jax.rl.trainer import Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
-from tlt_jax.sft import default_cache_dir
 from tlt_jax.spec.strategy import spec_config_from_dict
-from tlt_jax.workloads import build_drafter, build_workload
+from tlt_jax.workloads import build_drafter, build_workload, get_workload, reward_name
+
+
+def check_config(c) -> None:
+  """Checks every setting of a run config that needs nothing loaded, before any work: a bad
+  value raises `ConfigError` naming its key (the launchers print it as one line)."""
+
+  def check(key: str, build):
+    try:
+      return build()
+    except (ValueError, TypeError) as e:
+      raise ConfigError(f"config.{key}: {e}" if key else f"config: {e}") from None
+
+  check("model", lambda: get_workload(c.model))
+  check("reward", lambda: reward_name(c))
+  check("", lambda: SamplingParams(temperature=c.temperature, top_k=c.get("top_k", 0),
+                                   top_p=c.get("top_p", 1.0),
+                                   max_new_tokens=c.get("max_new_tokens") or 1))
+  for key in ("steps", "num_prompts", "prompts_per_step", "group_size", "micro_batches"):
+    if not isinstance(c[key], int) or c[key] < 1:
+      raise ConfigError(f"config.{key} must be an integer >= 1, got {c[key]!r}.")
+  if c.prompts_per_step > c.num_prompts:
+    raise ConfigError(f"config.prompts_per_step={c.prompts_per_step} exceeds config.num_prompts="
+                      f"{c.num_prompts} (the prompt pool); lower one or raise the other.")
+  mesh = tuple(c.get("mesh", (1, 1)))
+  if len(mesh) != 2 or any(not isinstance(m, int) or m < 1 for m in mesh):
+    raise ConfigError(f"config.mesh must be (data, fsdp) with integers >= 1, got {mesh}.")
+  check("engine", lambda: EngineConfig.from_dict(dict(c.engine)))
+  spec = check("spec", lambda: spec_config_from_dict(c.spec)) if c.spec else None
+  check("learner", lambda: learner_from_config(c))
+  check("optim", lambda: OptimConfig(**c.optim))
+  if c.get("adaptive"):
+    check("adaptive", lambda: AdaptiveConfig.from_dict(c.adaptive))
+    if spec is None or not any(a.uses_drafter for a in spec.arms):
+      raise ConfigError("config.adaptive needs an EAGLE drafter: add an ('eagle', depth, 0) arm "
+                        "to config.spec.arms, or set config.adaptive = {}.")
+  if c.model == "tiny":
+    check("sft", lambda: sft.validate(c.sft))
 
 
 def build_trainer(c, progress: bool = True) -> Trainer:
+  """The trainer of config `c` (checked first), with its workload, drafter and evaluation."""
+  check_config(c)
   spec = spec_config_from_dict(c.spec) if c.spec else None
   drafter = None
   if spec is not None and any(a.uses_drafter for a in spec.arms):
     drafter, _ = build_drafter(c, progress=progress)
   w = build_workload(c, c.num_prompts, c.seed, c.get("train_difficulty"))
-  adaptive = None
-  if c.get("adaptive"):
-    if drafter is None:
-      raise ValueError("config.adaptive needs an EAGLE drafter: add an ('eagle', depth, 0) arm "
-                       "to config.spec.arms, or set config.adaptive = {}.")
-    adaptive = AdaptiveConfig.from_dict(c.adaptive)
+  adaptive = AdaptiveConfig.from_dict(c.adaptive) if c.get("adaptive") else None
   eval_prompts = eval_answers = None
   if c.get("eval_every", 0):
     held_out = build_workload(c, c.eval_prompts, c.seed + 7919)  # other problems than training
@@ -39,7 +75,7 @@ def build_trainer(c, progress: bool = True) -> Trainer:
   engine = dict(c.engine)
   if not engine.get("compile_cache_dir") and not jax.config.jax_compilation_cache_dir:
     # Warm-ups of later runs (and a re-run demo) load their programs instead of compiling.
-    engine["compile_cache_dir"] = os.path.join(c.get("cache_dir") or default_cache_dir(), "jax")
+    engine["compile_cache_dir"] = os.path.join(c.get("cache_dir") or sft.default_cache_dir(), "jax")
   return Trainer(w, out_dir=c.out_dir, steps=c.steps, prompts_per_step=c.prompts_per_step,
                  group_size=c.group_size, engine_cfg=EngineConfig.from_dict(engine),
                  learner=learner_from_config(c), optim=OptimConfig(**c.optim), seed=c.seed,

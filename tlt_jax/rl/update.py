@@ -36,6 +36,18 @@ class OptimConfig:
   b1: float = 0.9
   b2: float = 0.999
 
+  def __post_init__(self):
+    checks = [(self.lr > 0, "lr must be > 0"),
+              (self.warmup_steps >= 0, "warmup_steps must be >= 0"),
+              (self.total_steps >= 1, "total_steps must be >= 1"),
+              (0 <= self.end_lr_fraction <= 1, "end_lr_fraction must be in [0, 1]"),
+              (self.weight_decay >= 0, "weight_decay must be >= 0"),
+              (self.clip > 0, "clip must be > 0"),
+              (0 <= self.b1 < 1 and 0 <= self.b2 < 1, "b1 and b2 must be in [0, 1)")]
+    for ok, what in checks:
+      if not ok:
+        raise ValueError(f"{what}; got {self}.")
+
   def optimizer(self) -> optax.GradientTransformation:
     return optim.adamw(self.lr, warmup_steps=self.warmup_steps, total_steps=self.total_steps,
                        end_lr_fraction=self.end_lr_fraction, b1=self.b1, b2=self.b2,
