@@ -12,11 +12,13 @@ import os
 
 import numpy as np
 
+from tlt_jax.rl.metrics import EVALS, METRICS
+
 
 def read_metrics(run_dir: str) -> list[dict]:
   """The per-step records of a run directory (the last record of each step wins, so a resumed
   run that repeated a step counts it once)."""
-  path = os.path.join(run_dir, "metrics.jsonl")
+  path = os.path.join(run_dir, METRICS)
   if not os.path.exists(path):
     raise FileNotFoundError(f"No metrics.jsonl in {run_dir!r}: is it a train_grpo run directory?")
   by_step = {}
@@ -34,7 +36,7 @@ def heldout_change(run_dir: str) -> dict:
   """Held-out accuracy before the run's first step and after its last, from `eval.jsonl` (same
   prompts, same evaluation key), with the standard error of the change: the standard deviation
   over prompts of each prompt's change, over sqrt(prompts). `heldout_gain_se` = change / SE."""
-  path = os.path.join(run_dir, "eval.jsonl")
+  path = os.path.join(run_dir, EVALS)
   if not os.path.exists(path):
     raise FileNotFoundError(f"No eval.jsonl in {run_dir!r}: the run needs eval_every > 0.")
   with open(path) as f:

@@ -1,7 +1,9 @@
 """The RL loop: prompts -> rollout (engine, optionally speculative) -> rewards -> update ->
-weight sync -> (optionally) the adaptive drafter's spot training and checked publishing, with
-JSONL + TensorBoard metrics, a per-step rollout record and orbax checkpoints. The algorithm is
-a learner (`rl.learner`: GRPO, GSPO); its metrics are logged under its name (`grpo/loss`).
+weight sync -> (optionally) the adaptive drafter's spot training and checked publishing; around
+the step, hooks (`rl/hooks.py`) evaluate, checkpoint (orbax) and export, and one writer
+(`rl/metrics.py`) keeps the JSONL + TensorBoard metrics and a per-step rollout record. The
+algorithm is a learner (`rl.learner`: GRPO, GSPO); its metrics are logged under its name
+(`grpo/loss`).
 
 `baseline` and `tlt` runs are the same loop; `tlt` only adds speculative decoding to the rollout
 engine. With the `coupled` rule the rollouts, and so the whole run, are identical.
@@ -23,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
 from tlt_jax.checkpoint import Checkpointer
@@ -31,7 +32,9 @@ from tlt_jax.drafter.adaptive import AdaptiveDrafter
 from tlt_jax.drafter.proposer import as_proposer
 from tlt_jax.models.pretrained import save_pretrained
 from tlt_jax.models.sharding import make_mesh
+from tlt_jax.rl.hooks import Checkpoints, Evaluation, Export, Hook, StopSpotTraining
 from tlt_jax.rl.learner import Learner
+from tlt_jax.rl.metrics import RunWriter
 from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
@@ -284,6 +287,29 @@ class Trainer:
       self.adaptive.export(directory, {"rl_step": self.step})
     return directory
 
+  def hooks(self, writer: RunWriter) -> list[Hook]:
+    """The loop's hooks for this run's settings, in the order they run."""
+    hooks: list[Hook] = [StopSpotTraining()] if self.adaptive is not None else []
+    if self.eval_prompts is not None and self.eval_every > 0:
+      hooks.append(Evaluation(writer, self.eval_every))
+    if self.ckpt is not None:
+      hooks.append(Checkpoints(self.checkpoint_every))
+    if self.export:
+      hooks.append(Export())
+    return hooks
+
+  def _checked_step(self) -> tuple[dict, dict]:
+    """`train_step`, with a non-finite loss turned into a `TrainingError` that says what the
+    checkpoints still hold."""
+    try:
+      return self.train_step()
+    except FloatingPointError as e:
+      last = self.ckpt.latest_step() if self.ckpt is not None else None
+      where = (f"the last good checkpoint is step {last} in {self.ckpt_dir}" if last
+               is not None else "no checkpoint was written yet")
+      raise TrainingError(f"Stopped at step {self.step}: {e} Nothing was saved after the "
+                          f"fault; {where}.") from e
+
   def run(self, progress: bool = True) -> list[dict]:
     """Warms up, then trains to `steps` (resuming if the run directory has a checkpoint);
     returns this call's step records. Each record's `compile_events` counts every XLA program
@@ -293,61 +319,30 @@ class Trainer:
       self.warmup_report = self.warm_up(progress)
       with open(os.path.join(self.out_dir, "warmup.json"), "w") as f:
         json.dump(self.warmup_report, f)
-    writer = SummaryWriter(os.path.join(self.out_dir, "tb"))
-    mode = "a" if resumed else "w"
-    log = open(os.path.join(self.out_dir, "metrics.jsonl"), mode)
-    eval_log = open(os.path.join(self.out_dir, "eval.jsonl"), mode)
-
-    def evaluate(step: int, final: bool) -> dict:
-      metrics, per_prompt = self.evaluate()
-      eval_log.write(json.dumps({"step": step, "final": final,
-                                 "per_prompt_accuracy": per_prompt}) + "\n")
-      eval_log.flush()
-      return metrics
-
-    rollout_log = open(os.path.join(self.out_dir, "rollouts.jsonl"), mode)
-    evaluating = self.eval_prompts is not None and self.eval_every > 0
+    writer = RunWriter(self.out_dir, resumed)
+    hooks = self.hooks(writer)
     history = []
     bar = tqdm(range(self.step, self.steps), desc="grpo", disable=not progress,
                initial=self.step, total=self.steps)
     try:
       for _ in bar:
         built = compiles.Since()
-        ev = evaluate(self.step, False) if evaluating and self.step % self.eval_every == 0 else {}
-        try:
-          m, record = self.train_step()
-        except FloatingPointError as e:
-          last = self.ckpt.latest_step() if self.ckpt is not None else None
-          where = (f"the last good checkpoint is step {last} in {self.ckpt_dir}" if last
-                   is not None else "no checkpoint was written yet")
-          raise TrainingError(f"Stopped at step {self.step}: {e} Nothing was saved after the "
-                              f"fault; {where}.") from e
-        m.update(ev)
-        if evaluating and self.step == self.steps:
-          m.update({f"final_{k}": v for k, v in evaluate(self.step, True).items()})
+        before = {k: v for h in hooks for k, v in h.before_step(self).items()}
+        m, record = self._checked_step()
+        m.update(before)
+        for h in hooks:
+          m.update(h.after_step(self))
         m["compile_events"], m["compile_s"] = built.events, round(built.seconds, 3)
         history.append(m)
-        log.write(json.dumps(m) + "\n")
-        log.flush()
-        rollout_log.write(json.dumps(record) + "\n")
-        rollout_log.flush()
-        for k, v in m.items():
-          if isinstance(v, (int, float)):
-            writer.add_scalar(k, v, m["step"])
+        writer.step(m, record)
         bar.set_postfix(reward=f"{m['reward']:.3f}", len=f"{m['length_p50']:.0f}",
                         acc_len=f"{m['accept_len']:.2f}")
-        if self.ckpt is not None and (self.step % self.checkpoint_every == 0
-                                      or self.step == self.steps):
-          self.save()
-      if self.export and history:
-        print(f"[trainer] exported the final policy (and drafter) to {self.export_artifacts()}")
+        for h in hooks:
+          h.after_record(self)
+      for h in hooks:
+        h.at_end(self, history)
     finally:
-      if self.adaptive is not None:
-        self.adaptive.spot.preempt()
-      if self.ckpt is not None:
-        self.ckpt.wait()
+      for h in hooks:
+        h.close(self)
       writer.close()
-      log.close()
-      eval_log.close()
-      rollout_log.close()
     return history

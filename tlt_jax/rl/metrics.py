@@ -1,0 +1,42 @@
+"""A run directory's records, written in one place: `metrics.jsonl` (one record per step, also
+sent to TensorBoard under `tb/`), `eval.jsonl` (each held-out evaluation's per-prompt accuracy)
+and `rollouts.jsonl` (each step's engine dispatches). `compare.py` reads them back."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tensorboardX import SummaryWriter
+
+METRICS, EVALS, ROLLOUTS = "metrics.jsonl", "eval.jsonl", "rollouts.jsonl"
+
+
+class RunWriter:
+  """Appends to a run directory's records (`resumed`: after the ones already there)."""
+
+  def __init__(self, out_dir: str, resumed: bool):
+    mode = "a" if resumed else "w"
+    self._files = {name: open(os.path.join(out_dir, name), mode)
+                   for name in (METRICS, EVALS, ROLLOUTS)}
+    self._tb = SummaryWriter(os.path.join(out_dir, "tb"))
+
+  def _line(self, name: str, record: dict) -> None:
+    self._files[name].write(json.dumps(record) + "\n")
+    self._files[name].flush()
+
+  def step(self, metrics: dict, rollout: dict) -> None:
+    """A step's metrics (numbers also as TensorBoard scalars at `metrics["step"]`) and rollout."""
+    self._line(METRICS, metrics)
+    self._line(ROLLOUTS, rollout)
+    for k, v in metrics.items():
+      if isinstance(v, (int, float)):
+        self._tb.add_scalar(k, v, metrics["step"])
+
+  def evaluation(self, step: int, final: bool, per_prompt_accuracy: list[float]) -> None:
+    self._line(EVALS, {"step": step, "final": final, "per_prompt_accuracy": per_prompt_accuracy})
+
+  def close(self) -> None:
+    self._tb.close()
+    for f in self._files.values():
+      f.close()
