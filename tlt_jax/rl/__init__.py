@@ -1,5 +1,6 @@
-"""GRPO: advantages, the clipped policy loss, the sharded update step, and the training loop.
+"""RL: learners behind one interface (GRPO, GSPO), the sharded update, the training loop with
+its hooks and run records, a run built from a checked config, and run comparison.
 
 May import every layer below: workloads, drafter, rollout, spec, models, sft, evaluation, tasks,
-checkpoint, optim.
+checkpoint, errors, hashing, optim.
 """

@@ -1,5 +1,6 @@
-"""Rollout: plain decoding, the decode state with its plain and speculative steps, and the engine.
+"""Rollout: plain decoding, the decode state with its plain and speculative steps, and the engine
+with its weight store, shards (sub-meshes), scheduler and executable pool.
 
-May import: models, spec (strategies, verification, and the `DraftModel` interface, which is all
-it knows of a learned proposer).
+May import: models, spec (proposers, strategies, verification, and the `DraftModel` interface,
+which is all it knows of a learned proposer), hashing.
 """
