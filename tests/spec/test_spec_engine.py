@@ -14,7 +14,7 @@ from tlt_jax.models import init_model
 from tlt_jax.models.sampling import SamplingParams, processed_logprobs
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec import verify
-from tlt_jax.spec.drafts import ChainDrafts
+from tlt_jax.spec.drafts import ChainDrafts, ChainProposer
 from tlt_jax.spec.proposer import PROPOSERS, register
 from tlt_jax.spec.strategy import SpecConfig, Strategy, strategy_from_tuple
 
@@ -210,11 +210,12 @@ def test_tree_arms_are_checked_and_sized():
     strategy_from_tuple(("tree", 4, 3))
 
 
-class RepeatProposer:
+class RepeatProposer(ChainProposer):
   """A proposer in one class, as a user would add one: it drafts the row's next token again
-  `depth` times (right whenever the target repeats itself)."""
+  `depth` times (right whenever the target repeats itself). `ChainProposer` gives what every
+  chain of `depth` drafts verifies and writes."""
 
-  name, tree, uses_draft_model, fields = "repeat", False, False, ("depth",)
+  name, uses_draft_model, fields = "repeat", False, ("depth",)
 
   def check(self, arm):
     if arm.depth > 8:
@@ -222,12 +223,6 @@ class RepeatProposer:
 
   def arm_name(self, arm):
     return f"repeat_d{arm.depth}"
-
-  def verified(self, arm, rule):
-    return arm.depth
-
-  def written(self, arm, rule):
-    return arm.depth
 
   def draft(self, target, drafter, st, s0_B, arm, params, key, rule, live_B):
     tokens_BxK = jnp.repeat(s0_B[:, None], arm.depth, axis=1)

@@ -1,4 +1,5 @@
-"""What a proposer hands the speculative step: a chain or a tree of drafts."""
+"""What a proposer hands the speculative step: a chain or a tree of drafts; and what every chain
+proposer shares."""
 
 from __future__ import annotations
 
@@ -29,3 +30,16 @@ class TreeDrafts:
   mask_BxNxN: jax.Array      # node j is node i or one of its ancestors
   q_BxNxV: jax.Array | None  # None: greedy or `coupled`, whose walks never read q
   draft: Any = None
+
+
+class ChainProposer:
+  """A proposer of a chain of `arm.depth` drafts (a base for `spec.proposer.Proposer`s): each
+  verify forward checks the `depth` drafts and writes their cache slots."""
+
+  tree = False
+
+  def verified(self, arm, rule: str) -> int:
+    return arm.depth
+
+  def written(self, arm, rule: str) -> int:
+    return arm.depth

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tlt_jax.spec.drafts import ChainDrafts, TreeDrafts
+from tlt_jax.spec.drafts import ChainDrafts, ChainProposer, TreeDrafts
 from tlt_jax.spec.suffix import SuffixProposer
 
 
@@ -96,11 +96,10 @@ class DraftModel(Protocol):
     state), the root first."""
 
 
-class DraftChain:
+class DraftChain(ChainProposer):
   """The `eagle` arms: a chain of `depth` drafts from the draft model."""
 
   name = "eagle"
-  tree = False
   uses_draft_model = True
   fields = ("depth", "ngram")  # ngram unused: ("eagle", depth, 0) as in the configs
 
@@ -109,12 +108,6 @@ class DraftChain:
 
   def arm_name(self, arm) -> str:
     return f"eagle_d{arm.depth}"
-
-  def verified(self, arm, rule: str) -> int:
-    return arm.depth
-
-  def written(self, arm, rule: str) -> int:
-    return arm.depth
 
   def draft(self, target, drafter: DraftModel, st, s0_B, arm, params, key, rule: str,
             live_B) -> ChainDrafts:

@@ -12,15 +12,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from tlt_jax.spec.drafts import ChainDrafts
+from tlt_jax.spec.drafts import ChainDrafts, ChainProposer
 
 
-class SuffixProposer:
+class SuffixProposer(ChainProposer):
   """The `suffix` arms (`spec.proposer.Proposer`): a chain of `depth` drafts matched on up to
   `ngram` tokens."""
 
   name = "suffix"
-  tree = False
   uses_draft_model = False
   fields = ("depth", "ngram")
 
@@ -30,12 +29,6 @@ class SuffixProposer:
 
   def arm_name(self, arm) -> str:
     return f"suffix_d{arm.depth}_n{arm.ngram}"
-
-  def verified(self, arm, rule: str) -> int:
-    return arm.depth
-
-  def written(self, arm, rule: str) -> int:
-    return arm.depth
 
   def draft(self, target, drafter, st, s0_B, arm, params, key, rule: str, live_B) -> ChainDrafts:
     rows = jnp.arange(s0_B.shape[0])
