@@ -20,6 +20,7 @@ from ml_collections import config_flags  # noqa: E402
 from experiments import launch  # noqa: E402
 from tlt_jax import sft  # noqa: E402
 from tlt_jax.evaluation import evaluate_task  # noqa: E402
+from tlt_jax.hashing import provenance  # noqa: E402
 from tlt_jax.rl.run import check_config, run_pair  # noqa: E402
 from tlt_jax.tasks.arithmetic import TaskConfig  # noqa: E402
 
@@ -36,9 +37,7 @@ def main(argv):
     c[name].cache_dir = c.sft.cache_dir
     check_config(c[name])  # both runs' settings, before the warm start
   model, summary = sft.warm_start(c.sft)
-  how = ("shipped with the package" if summary.get("shipped") else "loaded from the cache"
-         if summary["cached"] else "trained and cached")
-  print(f"[demo] warm start {how}: {summary['cache']}")
+  print(f"[demo] warm start {provenance(summary)}: {summary['cache']}")
   ev = c.eval
   stats = evaluate_task(model, TaskConfig.from_dict(c.sft.task), num_prompts=ev.num_prompts,
                         group_size=ev.group_size, temperature=ev.temperature, seed=ev.seed)

@@ -18,6 +18,7 @@ from ml_collections import config_flags
 from experiments import launch
 from tlt_jax.drafter.proposer import EagleProposer
 from tlt_jax.drafter.warmup import ship_drafter
+from tlt_jax.hashing import provenance
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 from tlt_jax.workloads import build_drafter, build_workload
@@ -32,7 +33,7 @@ def main(argv):
   drafter, meta = build_drafter(c)
   w = build_workload(c, c.eval_prompts, c.seed + 2)  # held-out prompts
   eval_prompts = w.prompts
-  print(f"drafter {'loaded from' if meta['cached'] else 'trained and cached at'} {meta['cache']}")
+  print(f"drafter {provenance(meta)}: {meta['cache']}")
   if _SHIP.value and not meta["shipped"]:
     print(f"drafter shipped at {ship_drafter(meta['cache'], meta['key'])}")
   accept = {}

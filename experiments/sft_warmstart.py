@@ -13,6 +13,7 @@ from ml_collections import config_flags
 from experiments import launch
 from tlt_jax import sft
 from tlt_jax.evaluation import evaluate_task
+from tlt_jax.hashing import provenance
 from tlt_jax.tasks.arithmetic import TaskConfig
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/sft_tiny.py")
@@ -29,9 +30,7 @@ def main(argv):
     print(f"warm start trained and shipped at {summary['cache']}")
   else:
     model, summary = sft.warm_start(config)
-    how = ("shipped with the package" if summary.get("shipped") else "loaded from the cache"
-           if summary["cached"] else "trained and cached")
-    print(f"warm start {how}: {summary['cache']}")
+    print(f"warm start {provenance(summary)}: {summary['cache']}")
   ev = config.eval
   stats = evaluate_task(model, TaskConfig.from_dict(config.task), num_prompts=ev.num_prompts,
                         group_size=ev.group_size, temperature=ev.temperature, seed=ev.seed)

@@ -36,11 +36,13 @@ class Workload:
 
 @dataclasses.dataclass(frozen=True)
 class WorkloadKind:
-  """A workload by name: the rewards it offers (the first is the default) and how it is built:
-  `build(c, num_prompts, seed, difficulty, reward)` -> (model, tokenizer, prompts, answers,
-  max_new_tokens, reward_fn)."""
+  """A workload by name: the rewards it offers (the first is the default), its starting policy
+  `policy(c, progress)` -> (model, tokenizer, summary) (a cached stage: `tiny`'s SFT warm start),
+  and its prompts `build(c, tokenizer, num_prompts, seed, difficulty, reward)` -> (prompts,
+  answers, max_new_tokens, reward_fn)."""
 
   rewards: tuple[str, ...]
+  policy: Callable
   build: Callable
 
 
@@ -71,9 +73,12 @@ def reward_name(c: ml_collections.ConfigDict) -> str:
   return name
 
 
-def _tiny(c, num_prompts: int, seed: int, difficulty: dict, reward: str):
-  model, _ = sft.warm_start(c.sft)
-  tok = CharTokenizer(model.cfg.vocab_size)
+def _tiny_policy(c, progress: bool):
+  model, summary = sft.warm_start(c.sft, progress=progress)
+  return model, CharTokenizer(model.cfg.vocab_size), summary
+
+
+def _tiny(c, tok, num_prompts: int, seed: int, difficulty: dict, reward: str):
   task = arithmetic.TaskConfig.from_dict(c.sft.task)
   _, max_new = task_lengths(task)
   problems = arithmetic.make_problems(num_prompts, narrowed(task, difficulty), seed=seed)
@@ -82,33 +87,47 @@ def _tiny(c, num_prompts: int, seed: int, difficulty: dict, reward: str):
     reward_fn = lambda ids, p: arithmetic.reward(tok.decode(ids), p.answer)
   else:  # "progress": partial credit for the scratchpad steps before the first error
     reward_fn = lambda ids, p: arithmetic.progress_reward(tok.decode(ids), p)
-  return model, tok, prompts, problems, max_new, reward_fn
+  return prompts, problems, max_new, reward_fn
 
 
-def _smollm2(c, num_prompts: int, seed: int, difficulty: dict, reward: str):
-  del reward  # only "answer"
+def _smollm2_policy(c, progress: bool):
+  del c, progress
   model, tok = load_pretrained("smollm2")
+  return model, tok, {"cache": "smollm2", "cached": True}
+
+
+def _smollm2(c, tok, num_prompts: int, seed: int, difficulty: dict, reward: str):
+  del reward  # only "answer"
   problems = make_word_problems(
       num_prompts, narrowed(WordProblemConfig(**c.word_problems), difficulty), seed)
   prompts = [tok.encode(chat_prompt(tok, p.question, c.instruction)) for p in problems]
   reward_fn = lambda ids, ans: verify(tok.decode(ids), ans)
-  return model, tok, prompts, [p.answer for p in problems], c.max_new_tokens, reward_fn
+  return prompts, [p.answer for p in problems], c.max_new_tokens, reward_fn
 
 
-register_workload("tiny", WorkloadKind(("answer", "progress"), _tiny))
-register_workload("smollm2", WorkloadKind(("answer",), _smollm2))
+register_workload("tiny", WorkloadKind(("answer", "progress"), _tiny_policy, _tiny))
+register_workload("smollm2", WorkloadKind(("answer",), _smollm2_policy, _smollm2))
+
+
+def starting_policy(c: ml_collections.ConfigDict, progress: bool = True):
+  """`c.model`'s policy before RL: (model, tokenizer, summary). For `tiny` the SFT warm start:
+  shipped, cached, or trained and cached (`summary` says which)."""
+  return get_workload(c.model).policy(c, progress)
 
 
 def build_workload(c: ml_collections.ConfigDict, num_prompts: int, seed: int,
-                   difficulty: dict | None = None) -> Workload:
+                   difficulty: dict | None = None, *, policy=None) -> Workload:
   """Model, tokenised prompts, answers, sampling params and reward for `c.model`.
+
+  `policy` is `starting_policy(c)`'s (model, tokenizer, ...), found again when not given.
 
   `difficulty` overrides fields of the task's problem generator (`tiny`: `TaskConfig`, e.g.
   `min_steps`/`max_steps`; `smollm2`: `WordProblemConfig`) for these prompts only, e.g. an RL
   prompt pool focused where groups get mixed rewards; lengths and sampling stay the task's own.
   """
-  model, tok, prompts, answers, max_new, reward_fn = get_workload(c.model).build(
-      c, num_prompts, seed, dict(difficulty or {}), reward_name(c))
+  model, tok = (policy or starting_policy(c, progress=False))[:2]
+  prompts, answers, max_new, reward_fn = get_workload(c.model).build(
+      c, tok, num_prompts, seed, dict(difficulty or {}), reward_name(c))
   if c.get("max_new_tokens"):
     max_new = c.max_new_tokens
   params = SamplingParams(temperature=c.temperature, top_k=c.get("top_k", 0),
@@ -135,10 +154,10 @@ def narrowed(task, difficulty: dict):
   return mix
 
 
-def _drafter_warmup(c: ml_collections.ConfigDict):
+def _drafter_warmup(c: ml_collections.ConfigDict, policy=None):
   """What `c`'s warm-up drafter is made from: the workload of `c.warmup_prompts` prompts (seed + 1)
   and the drafter, training and warm-up configs."""
-  w = build_workload(c, c.warmup_prompts, c.seed + 1)
+  w = build_workload(c, c.warmup_prompts, c.seed + 1, policy=policy)
   dcfg = DrafterConfig(**{k: tuple(v) if k == "feature_layers" else v
                           for k, v in c.drafter.items()})
   return w, dcfg, DrafterTrainConfig(**c.drafter_train), WarmupConfig(**c.warmup)
@@ -150,10 +169,10 @@ def drafter_key(c: ml_collections.ConfigDict) -> str:
   return warmup_key(w.model, w.prompts, w.params, dcfg, tcfg, wcfg)
 
 
-def build_drafter(c: ml_collections.ConfigDict, progress: bool = True):
+def build_drafter(c: ml_collections.ConfigDict, progress: bool = True, *, policy=None):
   """The warm-up EAGLE drafter of `c`'s policy (shipped, cached, or trained on rollouts of
   `c.warmup_prompts` prompts with `c.drafter`, `c.drafter_train` and `c.warmup`); returns
-  (drafter, meta)."""
-  w, dcfg, tcfg, wcfg = _drafter_warmup(c)
+  (drafter, meta). `policy`: as for `build_workload`."""
+  w, dcfg, tcfg, wcfg = _drafter_warmup(c, policy)
   return warm_up(w.model, w.prompts, w.params, pad_id=w.tokenizer.pad_id, dcfg=dcfg, tcfg=tcfg,
                  wcfg=wcfg, cache_root=c.cache_dir or sft.default_cache_dir(), progress=progress)

@@ -4,7 +4,9 @@ speculative decoding and drafter, held-out evaluation, the trainer; returns the 
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 
 import jax
 import numpy as np
@@ -12,6 +14,7 @@ import numpy as np
 from tlt_jax import sft
 from tlt_jax.drafter.adaptive import AdaptiveConfig
 from tlt_jax.errors import ConfigError
+from tlt_jax.hashing import provenance
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rl.compare import compare_runs, heldout_change, read_metrics
 from tlt_jax.rl.learner import learner_from_config
@@ -19,7 +22,8 @@ from tlt_jax.rl.trainer import Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.spec.strategy import spec_config_from_dict
-from tlt_jax.workloads import build_drafter, build_workload, get_workload, reward_name
+from tlt_jax.workloads import (build_drafter, build_workload, get_workload, reward_name,
+                               starting_policy)
 
 
 def check_config(c) -> None:
@@ -59,18 +63,48 @@ def check_config(c) -> None:
     check("sft", lambda: sft.validate(c.sft))
 
 
-def build_trainer(c, progress: bool = True) -> Trainer:
-  """The trainer of config `c` (checked first), with its workload, drafter and evaluation."""
-  check_config(c)
-  spec = spec_config_from_dict(c.spec) if c.spec else None
+@dataclasses.dataclass
+class Stages:
+  """What a run needs before its trainer: the starting policy (model, tokenizer) and the warm-up
+  drafter (None when no arm drafts with one)."""
+
+  policy: tuple
+  drafter: object | None
+
+
+def run_stages(c, progress: bool = True) -> Stages:
+  """A run's cached stages, run in order before its trainer is built, each reported in one
+  `[run]` line: the starting policy (`tiny`: the SFT warm start) and the warm-up drafter when an
+  arm drafts with one. Each is shipped, cached or trained and cached, so a second run loads them.
+  (The trainer's own warm-up, which builds every program a step runs, starts its `run`.)"""
+  t0 = time.perf_counter()
+  model, tok, summary = starting_policy(c, progress)
+  if progress:
+    print(f"[run] starting policy {provenance(summary)}: {summary.get('cache', '')} "
+          f"({time.perf_counter() - t0:.1f} s)", flush=True)
   drafter = None
-  if spec is not None and any(a.uses_drafter for a in spec.arms):
-    drafter, _ = build_drafter(c, progress=progress)
-  w = build_workload(c, c.num_prompts, c.seed, c.get("train_difficulty"))
+  if c.spec and any(a.uses_drafter for a in spec_config_from_dict(c.spec).arms):
+    t0 = time.perf_counter()
+    drafter, meta = build_drafter(c, progress, policy=(model, tok))
+    if progress:
+      print(f"[run] warm-up drafter {provenance(meta)}: {meta.get('cache', '')} "
+            f"({time.perf_counter() - t0:.1f} s)", flush=True)
+  return Stages((model, tok), drafter)
+
+
+def build_trainer(c, progress: bool = True, stages: Stages | None = None) -> Trainer:
+  """The trainer of config `c` (checked first) over its stages' products (`run_stages(c)` when
+  not given), with its workload and evaluation. Builds nothing that takes long."""
+  check_config(c)
+  stages = stages or run_stages(c, progress)
+  spec = spec_config_from_dict(c.spec) if c.spec else None
+  drafter = stages.drafter
+  w = build_workload(c, c.num_prompts, c.seed, c.get("train_difficulty"), policy=stages.policy)
   adaptive = AdaptiveConfig.from_dict(c.adaptive) if c.get("adaptive") else None
   eval_prompts = eval_answers = None
   if c.get("eval_every", 0):
-    held_out = build_workload(c, c.eval_prompts, c.seed + 7919)  # other problems than training
+    held_out = build_workload(c, c.eval_prompts, c.seed + 7919,  # other problems than training
+                              policy=stages.policy)
     eval_prompts, eval_answers = held_out.prompts, held_out.answers
   engine = dict(c.engine)
   if not engine.get("compile_cache_dir") and not jax.config.jax_compilation_cache_dir:
