@@ -35,7 +35,7 @@ def test_sft_launcher_small_trains_then_reuses_its_cache(tmp_path):
   assert "trained and cached" in first.stdout
   assert not re.search(r"^I\d{4} ", first.stderr, re.M)  # no library INFO logs (orbax's save)
   assert 0.0 <= out["accuracy"] <= 1.0 and out["sft_steps"] == 20
-  assert out["sft_loss"] < 0.9 * out["sft_loss_first"]  # the small recipe still trains (3.2 -> 2.7)
+  assert out["sft_loss"] < 0.9 * out["sft_loss_first"]  # the small recipe still trains (3.2 -> 2.8)
   assert out["length_p99"] >= out["length_p50"] >= 1
   second = run_module("experiments.sft_warmstart", *args, fast_compile=False)
   assert "loaded from" in second.stdout

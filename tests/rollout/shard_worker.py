@@ -1,5 +1,6 @@
 """Run in a subprocess with 2 fake CPU devices by test_engine: shards and mesh-sharded weights."""
 
+import collections
 import json
 import tempfile
 
@@ -17,6 +18,9 @@ from tlt_jax.rollout.plain import generate_plain
 
 def main():
   assert jax.device_count() == 2
+  # Programs come from compiles here, not JAX's persistent cache: the pool moves only programs
+  # it compiled itself (it cannot reserialise a cached one), and the test counts compiles.
+  jax.config.update("jax_enable_compilation_cache", False)
   model = init_model(small_config(), seed=0)
   rng = np.random.default_rng(0)
   prompts = [rng.integers(3, 53, size=int(rng.integers(2, 14))).tolist() for _ in range(5)]
@@ -31,6 +35,10 @@ def main():
   a = one.generate(prompts, 2, sampled, jax.random.key(3))
   b = two.generate(prompts, 2, sampled, jax.random.key(3))
   out["sampled_equal"] = bool(np.array_equal(a.tokens, b.tokens))
+  # Each program is compiled on the first shard that needs it and moved onto the other.
+  counts = collections.Counter(e.key[:1] + e.key[2:] for e in two.pool.events if not e.relocated)
+  out["each_program_compiled_once"] = (set(counts.values()) == {1}
+                                       and len(two.pool) > len(counts))
   # Weights laid out by a (data=1, fsdp=2) mesh, as the trainer holds them, feed the engine.
   _, state = nnx.split(model)
   mesh = make_mesh(1, 2)
@@ -41,15 +49,15 @@ def main():
   out["no_recompile"] = len(two.pool) == n
   out["mesh_weights_equal"] = bool(np.array_equal(c.tokens, b.tokens))
   out["two_shards_idle_reported"] = len(c.timeline.summary()["shard_idle_s"]) == 2
-  # Executables cached on disk load back onto their own shard's device, in a new engine.
+  # Executables cached on disk load back in a new engine (shard 0's; shard 1 moves them).
   with tempfile.TemporaryDirectory() as cache:
     runs = []
     for _ in range(2):
       eng = RolloutEngine(model, EngineConfig(num_shards=2, compile_cache_dir=cache, **cfg))
       runs.append((eng.generate(prompts, 2, sampled, jax.random.key(3)), eng.pool.events))
     out["executable_cache_per_shard"] = (
-        all(e.loaded for e in runs[1][1]) and not any(e.loaded for e in runs[0][1])
-        and np.array_equal(runs[1][0].tokens, b.tokens))
+        all(e.loaded == (e.key[1] == 0) for e in runs[1][1])
+        and not any(e.loaded for e in runs[0][1]) and np.array_equal(runs[1][0].tokens, b.tokens))
   print(json.dumps(out))
 
 

@@ -152,7 +152,8 @@ class RolloutEngine:
     self.lazy_follow = (drafter is not None and config.drafter_follow == "lazy"
                         and drafter.follows_lazily)
     self.pool = ExecutablePool(cache_dir=config.compile_cache_dir,
-                               fingerprint=self._fingerprint((state, dstate)))
+                               fingerprint=self._fingerprint((state, dstate)),
+                               twins=config.num_shards > 1)
     self.weights = WeightStore(self.meshes, state, dstate)
 
   def _fingerprint(self, state) -> str:
@@ -269,8 +270,14 @@ class RolloutEngine:
       return fn, tuple(self._abstract(a, shard) for a in args), ()  # shapes shrink: no reuse
     return key, build
 
+  def _twins(self, key) -> list:
+    """The keys of the program `key` on the other shards: the pool moves whichever is built
+    onto this shard's devices instead of compiling it again (every key is (name, shard, ...))."""
+    return [(key[0], t, *key[2:]) for t in range(len(self.meshes)) if t != key[1]]
+
   def _get(self, key_build):
-    return self.pool.get(*key_build)
+    key, build = key_build
+    return self.pool.get(key, build, twins=self._twins(key))
 
   # ------------------------------------------------------------------ generate
 
@@ -479,7 +486,7 @@ class RolloutEngine:
       return
     for key_build in self._reachable(s, [first_wave], [p_bucket], cache_len, n, capture, hist,
                                      params):
-      self.pool.precompile(*key_build)
+      self.pool.precompile(*key_build, twins=self._twins(key_build[0]))
 
   def warm_up(self, calls, params: SamplingParams, prompt_lengths, *,
               capture_hidden: bool = False, progress: bool = True) -> dict:
@@ -509,8 +516,8 @@ class RolloutEngine:
           keys[key] = build
     built = compiles.Since()
     start = time.perf_counter()
-    for key, build in keys.items():
-      self.pool.precompile(key, build)
+    for key, build in sorted(keys.items(), key=lambda kb: kb[0][1]):  # shard 0's twins first
+      self.pool.precompile(key, build, twins=self._twins(key))
     self.pool.wait(progress=progress, desc="warm-up: rollout")
     return {"programs": len(keys), "built": built.events,
             "seconds": round(time.perf_counter() - start, 3)}

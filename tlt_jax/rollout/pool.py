@@ -10,6 +10,10 @@ a fingerprint of everything else that shapes the program (model config, weight s
 jax version, this package's source). A fresh process then loads them instead of tracing, lowering
 and compiling again: for a 30-layer model, tracing and lowering alone cost seconds per key, which
 JAX's persistent compilation cache (also configured here) does not save.
+
+A key may name twins: the same program on other devices (other rollout shards). Once one twin is
+built, the key's executable is that one moved onto its own devices (`relocate`), not compiled
+again.
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ import os
 import pickle
 import threading
 import time
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Sequence
 
 import jax
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
 from tqdm import tqdm
 
 from tlt_jax.hashing import content_digest
+from tlt_jax.rollout import compiles
+from tlt_jax.rollout.relocate import device_ids, relocate
 
 
 def configure_compilation_cache(directory: str) -> None:
@@ -46,6 +52,7 @@ class CompileEvent:
   at: float
   memory_bytes: int
   loaded: bool = False  # deserialised from the executable cache instead of compiled
+  relocated: bool = False  # its twin's executable, moved onto this key's devices
 
 
 def _memory_bytes(compiled) -> int:
@@ -66,13 +73,18 @@ class ExecutablePool:
   `build()` returns `(fn, abstract_args, donate_argnums)`.
   """
 
-  def __init__(self, background_threads: int = 0, cache_dir: str = "", fingerprint: str = ""):
+  def __init__(self, background_threads: int = 0, cache_dir: str = "", fingerprint: str = "",
+               twins: bool = False):
     # XLA compiles a program on one thread: a warm-up of many programs uses every core (0).
     background_threads = background_threads or min(8, os.cpu_count() or 1)
     self.cache_dir = os.path.join(cache_dir, "executables") if cache_dir else ""
     self.fingerprint = fingerprint
     self._compiled: dict[Hashable, Any] = {}
     self._futures: dict[Hashable, concurrent.futures.Future] = {}
+    # Keys may name twins (`get`): keep each executable's serialised form and device ids, taken
+    # when it is compiled or read (on CPU a program that has run may no longer serialise).
+    self.twins = twins
+    self._serialized: dict[Hashable, tuple] = {}
     self._lock = threading.Lock()
     self._executor = concurrent.futures.ThreadPoolExecutor(background_threads,
                                                            thread_name_prefix="pool-compile")
@@ -87,57 +99,108 @@ class ExecutablePool:
       return None
     try:
       with open(path, "rb") as f:
-        payload, device_ids = pickle.load(f)
+        payload, ids = pickle.load(f)
       by_id = {d.id: d for d in jax.devices()}
       # The devices it was compiled for (by default it would be loaded onto all of them).
-      return deserialize_and_load(*payload, execution_devices=[by_id[i] for i in device_ids])
+      compiled = deserialize_and_load(*payload, execution_devices=[by_id[i] for i in ids])
+      if self.twins:
+        with self._lock:
+          self._serialized[key] = payload, ids
+      return compiled
     except Exception as e:  # a damaged entry is recompiled and rewritten, never fatal
       logging.warning("executable cache entry %s unreadable (%s); recompiling", path, e)
       return None
 
   def _store(self, key, compiled) -> None:
+    """Keeps the serialised executable for twins and writes it to the executable cache."""
+    if not self.cache_dir and not self.twins:
+      return
+    try:
+      serialized = serialize(compiled), device_ids(compiled)
+    except Exception as e:  # some backends cannot serialise: the pool still works
+      logging.warning("could not serialise executable %s: %s", key, e)
+      return
+    if self.twins:
+      with self._lock:
+        self._serialized[key] = serialized
     if not self.cache_dir:
       return
     try:
       os.makedirs(self.cache_dir, exist_ok=True)
       tmp = self._path(key) + f".{os.getpid()}.tmp"
-      device_ids = sorted({d.id for sh in jax.tree.leaves(compiled.input_shardings)
-                           for d in sh.device_set})
       with open(tmp, "wb") as f:
-        pickle.dump((serialize(compiled), device_ids), f)
+        pickle.dump(serialized, f)
       os.replace(tmp, self._path(key))
-    except Exception as e:  # some backends cannot serialise: the pool still works
+    except OSError as e:  # a full or read-only disk: the pool still works
       logging.warning("could not cache executable %s: %s", key, e)
 
-  def _compile(self, key, build: Callable[[], tuple]) -> Any:
+  def _twin_serialized(self, twins):
+    """The serialised executable and device ids of a twin that is built, else of one being
+    built (waits for it), else None (none built, or it could not serialise). A twin still
+    queued is not waited for: the thread that would build it may be this one."""
+    with self._lock:
+      built = [t for t in twins if t in self._serialized]
+      if built:
+        return self._serialized[built[0]]
+      running = [f for f in map(self._futures.get, twins) if f is not None and f.running()]
+    if not running:
+      return None
+    running[0].result()
+    with self._lock:
+      return next((self._serialized[t] for t in twins if t in self._serialized), None)
+
+  def _relocated(self, key, build, twins):
+    _, args, _ = build()
+    ids = sorted({d.id for a in jax.tree.leaves(args) for d in a.sharding.device_set})
+    by_id = {d.id: d for d in jax.devices()}
+    try:
+      source = self._twin_serialized(twins)
+      return None if source is None else relocate(*source, [by_id[i] for i in ids])
+    except Exception as e:  # a JAX version whose serialisation differs: compile instead
+      logging.debug("could not move executable %s onto devices %s (%s); compiling", key, ids, e)
+      return None
+
+  def _compile(self, key, build: Callable[[], tuple], twins: Sequence[Hashable] = ()) -> Any:
     start = time.perf_counter()
-    compiled = self._load(key)
-    loaded = compiled is not None
-    if not loaded:
+    compiled = self._relocated(key, build, twins) if twins else None
+    relocated = compiled is not None
+    if not relocated:
+      compiled = self._load(key)
+    loaded = compiled is not None and not relocated
+    if compiled is None:
       fn, args, donate = build()
+      hits = compiles.thread_cache_hits()
       compiled = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
-      self._store(key, compiled)
+      if compiles.thread_cache_hits() == hits:  # JAX's cached programs do not serialise whole
+        self._store(key, compiled)
     seconds = time.perf_counter() - start
     with self._lock:
       self._compiled[key] = compiled
-      self.events.append(CompileEvent(key, seconds, time.time(), _memory_bytes(compiled), loaded))
+      self.events.append(CompileEvent(key, seconds, time.time(), _memory_bytes(compiled), loaded,
+                                      relocated))
     return compiled
 
-  def get(self, key: Hashable, build: Callable[[], tuple]) -> Any:
+  def get(self, key: Hashable, build: Callable[[], tuple],
+          twins: Sequence[Hashable] = ()) -> Any:
+    """The executable of `key`: built before, being built (waits), moved from one of `twins`
+    (keys of the same program on other devices), loaded from the executable cache or compiled
+    now."""
     with self._lock:
       if key in self._compiled:
         return self._compiled[key]
       future = self._futures.get(key)
     if future is not None:
       return future.result()
-    return self._compile(key, build)
+    return self._compile(key, build, twins)
 
-  def precompile(self, key: Hashable, build: Callable[[], tuple]) -> None:
-    """Compiles `key` on the background thread unless it is compiled or in flight."""
+  def precompile(self, key: Hashable, build: Callable[[], tuple],
+                 twins: Sequence[Hashable] = ()) -> None:
+    """Builds `key` on a background thread unless it is built or in flight; submit one twin
+    before the keys that name it, so that it is under way when they need it."""
     with self._lock:
       if key in self._compiled or key in self._futures:
         return
-      self._futures[key] = self._executor.submit(self._compile, key, build)
+      self._futures[key] = self._executor.submit(self._compile, key, build, twins)
 
   def wait(self, progress: bool = False, desc: str = "compile") -> None:
     """Blocks until every background compile is done (with a progress bar if asked)."""
@@ -161,4 +224,5 @@ class ExecutablePool:
     return {"executables": len(self._compiled),
             "compile_s": round(sum(e.seconds for e in self.events), 3),
             "loaded_from_cache": sum(e.loaded for e in self.events),
+            "relocated": sum(e.relocated for e in self.events),
             "memory_bytes": {str(e.key): e.memory_bytes for e in self.events}}
