@@ -4,12 +4,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.compilation_cache import compilation_cache
 
 from tests.conftest import run_on_fake_devices, small_config
 from tests.statistics import chi_square_pvalue
 from tlt_jax.models import init_model
 from tlt_jax.models.sampling import SamplingParams, processed_logprobs
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.rollout.plain import generate_plain
 
 STOPS = (7, 9, 11)
@@ -170,3 +172,29 @@ def test_after_warm_up_no_call_compiles_whatever_its_prompt_lengths(model):
     eng.generate([[3] * 15], 1, params, jax.random.key(0))
   with pytest.raises(ValueError, match="needs EngineConfig.max_prompt_len"):
     per_call.warm_up([(1, 1)], params, [3], progress=False)
+
+
+def test_programs_from_jax_s_persistent_cache_are_not_written_to_the_executable_cache(tmp_path):
+  """On CPU a program JAX deserialised from its persistent cache does not serialise whole again
+  (a later process that loaded it crashed with 'Function ... not found'): the pool writes only
+  programs it compiled. Pool a compiles and writes; pool b gets the same program from JAX's
+  cache and writes nothing; a new pool loads a's entry and computes the same values."""
+  x = jnp.linspace(0.0, 1.0, 16)
+  build = lambda: (lambda v: jnp.cumsum(jnp.sin(v) ** 2) * 3.0,
+                   (jax.ShapeDtypeStruct((16,), jnp.float32),), ())
+  previous = jax.config.jax_compilation_cache_dir
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
+  compilation_cache.reset_cache()
+  try:
+    a = ExecutablePool(cache_dir=str(tmp_path / "a"))
+    want = np.asarray(a.get("k", build)(x))
+    b = ExecutablePool(cache_dir=str(tmp_path / "b"))
+    np.testing.assert_array_equal(np.asarray(b.get("k", build)(x)), want)
+  finally:
+    jax.config.update("jax_compilation_cache_dir", previous)
+    compilation_cache.reset_cache()
+  assert len(list((tmp_path / "a" / "executables").iterdir())) == 1
+  assert not (tmp_path / "b").exists()
+  again = ExecutablePool(cache_dir=str(tmp_path / "a"))
+  np.testing.assert_array_equal(np.asarray(again.get("k", build)(x)), want)
+  assert [e.loaded for e in again.events] == [True]
