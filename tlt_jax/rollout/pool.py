@@ -150,14 +150,17 @@ class ExecutablePool:
       return next((self._serialized[t] for t in twins if t in self._serialized), None)
 
   def _relocated(self, key, build, twins):
-    _, args, _ = build()
-    ids = sorted({d.id for a in jax.tree.leaves(args) for d in a.sharding.device_set})
-    by_id = {d.id: d for d in jax.devices()}
+    """A built twin's executable moved onto the devices of `key`'s arguments, or None."""
     try:
       source = self._twin_serialized(twins)
-      return None if source is None else relocate(*source, [by_id[i] for i in ids])
+      if source is None:
+        return None
+      _, args, _ = build()
+      by_id = {d.id: d for d in jax.devices()}
+      ids = sorted({d.id for a in jax.tree.leaves(args) for d in a.sharding.device_set})
+      return relocate(*source, [by_id[i] for i in ids])
     except Exception as e:  # a JAX version whose serialisation differs: compile instead
-      logging.debug("could not move executable %s onto devices %s (%s); compiling", key, ids, e)
+      logging.debug("could not move executable %s onto its devices (%s); compiling", key, e)
       return None
 
   def _compile(self, key, build: Callable[[], tuple], twins: Sequence[Hashable] = ()) -> Any:
