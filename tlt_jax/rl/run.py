@@ -92,6 +92,18 @@ def run_stages(c, progress: bool = True) -> Stages:
   return Stages((model, tok), drafter)
 
 
+def engine_config(c) -> EngineConfig:
+  """The run's engine settings. Without a `compile_cache_dir`, warm-ups of later runs (and a
+  re-run demo) still load their programs instead of compiling: the engine caches them in JAX's
+  cache directory where one is set (by the environment, or by an earlier run in this process),
+  else under the run's cache directory."""
+  engine = dict(c.engine)
+  if not engine.get("compile_cache_dir"):
+    engine["compile_cache_dir"] = (jax.config.jax_compilation_cache_dir or os.path.join(
+        c.get("cache_dir") or sft.default_cache_dir(), "jax"))
+  return EngineConfig.from_dict(engine)
+
+
 def build_trainer(c, progress: bool = True, stages: Stages | None = None) -> Trainer:
   """The trainer of config `c` (checked first) over its stages' products (`run_stages(c)` when
   not given), with its workload and evaluation. Builds nothing that takes long."""
@@ -106,12 +118,8 @@ def build_trainer(c, progress: bool = True, stages: Stages | None = None) -> Tra
     held_out = build_workload(c, c.eval_prompts, c.seed + 7919,  # other problems than training
                               policy=stages.policy)
     eval_prompts, eval_answers = held_out.prompts, held_out.answers
-  engine = dict(c.engine)
-  if not engine.get("compile_cache_dir") and not jax.config.jax_compilation_cache_dir:
-    # Warm-ups of later runs (and a re-run demo) load their programs instead of compiling.
-    engine["compile_cache_dir"] = os.path.join(c.get("cache_dir") or sft.default_cache_dir(), "jax")
   return Trainer(w, out_dir=c.out_dir, steps=c.steps, prompts_per_step=c.prompts_per_step,
-                 group_size=c.group_size, engine_cfg=EngineConfig.from_dict(engine),
+                 group_size=c.group_size, engine_cfg=engine_config(c),
                  learner=learner_from_config(c), optim=OptimConfig(**c.optim), seed=c.seed,
                  spec=spec, drafter=drafter, checkpoint_every=c.checkpoint_every,
                  micro_batches=c.micro_batches, mesh_shape=tuple(c.get("mesh", (1, 1))),
