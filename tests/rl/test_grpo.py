@@ -180,7 +180,7 @@ def test_the_kl_term_is_zero_at_the_reference_and_pulls_back_toward_it():
   up.params = _kl_updater(0.5, seed=1).params
   batch = _kl_batch(up)
   zeros = jax.tree.map(jnp.zeros_like, up.params)
-  grads, _ = up._grad(up.params, zeros, up._put(batch), jnp.float32(1.0))
+  grads, _, _ = up._grad(up.params, zeros, up._put(batch), jnp.float32(1.0))
   toward = sum(float(jnp.sum(-g * (r - p))) for g, r, p in zip(
       jax.tree.leaves(grads), jax.tree.leaves(up.ref_params), jax.tree.leaves(up.params)))
   assert toward > 0
@@ -193,3 +193,27 @@ def test_without_a_kl_term_no_reference_is_kept():
   b = make_batch()
   assert up.ref_params is None
   np.testing.assert_array_equal(up.ref_logprobs(b.tokens_RxL, b.prompt_len_R, b.mask_RxN), 0.0)
+
+
+def test_an_on_policy_update_takes_its_old_log_probs_from_its_own_forward_pass():
+  """`old_logp_RxN=None` (what the trainer sends: one update per batch of the policy's own
+  rollouts) is the update with the recomputed log-probs as the old ones, without the separate
+  forward pass: the same loss, gradient and step up to float rounding, a ratio of exactly 1, and
+  the log-probs it returns are `logprobs`'."""
+  a, b = (PolicyUpdater(init_model(small_config(), seed=0), make_mesh(1, 1),
+                        GRPOConfig(aggregation="token"), OptimConfig(lr=1e-2, warmup_steps=0),
+                        SamplingParams(), micro_batches=2) for _ in range(2))
+  batch = make_batch(seed=2)
+  old, _ = a.logprobs(batch.tokens_RxL, batch.prompt_len_R, batch.mask_RxN)
+  ma = a.update(PolicyBatch(batch.tokens_RxL, batch.prompt_len_R, batch.mask_RxN, batch.adv_R,
+                            jnp.asarray(old), batch.ref_logp_RxN))
+  mb, lp = b.update(PolicyBatch(batch.tokens_RxL, batch.prompt_len_R, batch.mask_RxN,
+                                batch.adv_R, None, batch.ref_logp_RxN), with_logprobs=True)
+  m = np.asarray(batch.mask_RxN) > 0
+  np.testing.assert_allclose(lp[m], old[m], atol=1e-5)
+  assert mb["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and mb["clip_fraction"] == 0.0
+  np.testing.assert_allclose(mb["loss"], ma["loss"], rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(mb["grad_norm"], ma["grad_norm"], rtol=1e-5)
+  diff = np.concatenate([np.abs(np.asarray(x) - np.asarray(y)).ravel()
+                         for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params))])
+  assert diff.max() < 1e-4 and np.mean(diff > 1e-5) < 1e-3, (diff.max(), np.mean(diff > 1e-5))

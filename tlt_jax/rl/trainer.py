@@ -196,13 +196,14 @@ class Trainer:
     toks, plen, mask = pack_rows([prompts[i // g] for i in range(len(rewards))],
                                  [res.response(i) for i in range(len(rewards))],
                                  self.prompt_bucket, n, self.w.tokenizer.pad_id)
-    old_logp, _ = self.updater.logprobs(toks, plen, mask)
-    mismatch = float(np.max(np.abs(old_logp - res.logprobs) * mask))
     adv = self.updater.learner.advantages(jnp.asarray(rewards), g)
     ref_logp = self.updater.ref_logprobs(toks, plen, mask)
-    batch = PolicyBatch(toks, plen, mask, np.asarray(adv), old_logp, ref_logp)
+    # On-policy: the behaviour policy is the one updated, so the update's own forward pass gives
+    # the old log-probs (ratio 1) and the rollout's are compared with them, not recomputed.
+    batch = PolicyBatch(toks, plen, mask, np.asarray(adv), None, ref_logp)
     t1 = time.perf_counter()
-    metrics = self.updater.update(batch)
+    metrics, old_logp = self.updater.update(batch, with_logprobs=True)
+    mismatch = float(np.max(np.abs(old_logp - res.logprobs) * mask))
     new_state = self._engine_state()
     self.engine.weights.set_policy(new_state)
     if ad is not None:

@@ -58,13 +58,18 @@ class OptimConfig:
 @dataclasses.dataclass(frozen=True)
 class PolicyBatch:
   """One update's rows: full sequences `[R, L]` (prompt then response, padded), prompt lengths,
-  response mask `[R, N]`, advantages `[R]`, behaviour log-probs `[R, N]`, reference log-probs."""
+  response mask `[R, N]`, advantages `[R]`, behaviour log-probs `[R, N]`, reference log-probs.
+
+  `old_logp_RxN=None` means the behaviour policy is the one being updated (one update per batch
+  of its own rollouts): the ratio is then exactly 1 and the update takes the log-probs from its
+  own forward pass instead of a separate one (`PolicyUpdater.update(..., with_logprobs=True)`
+  returns them)."""
 
   tokens_RxL: jax.Array
   prompt_len_R: jax.Array
   mask_RxN: jax.Array
   adv_R: jax.Array
-  old_logp_RxN: jax.Array
+  old_logp_RxN: jax.Array | None
   ref_logp_RxN: jax.Array
 
 
@@ -101,7 +106,7 @@ class PolicyUpdater:
     self._grad = jax.jit(self._grad_fn, donate_argnums=1,
                          in_shardings=(self.param_sharding, self.param_sharding,
                                        self._row_shardings, None),
-                         out_shardings=(self.param_sharding, None))
+                         out_shardings=(self.param_sharding, None, rows2))
     self._apply = jax.jit(self._apply_fn,
                           in_shardings=(self.param_sharding, self.opt_sharding,
                                         self.param_sharding),
@@ -113,18 +118,20 @@ class PolicyUpdater:
                           self.sampling)
 
   def _grad_fn(self, params, grads_acc, mb: PolicyBatch, weight):
-    """`grads_acc` plus `weight` x the gradient of one group's loss; the weighted metrics."""
+    """`grads_acc` plus `weight` x the gradient of one group's loss; the weighted metrics; the
+    group's log-probs `[R, N]` under `params`."""
 
     def loss_fn(p):
       model = nnx.merge(self.graphdef, p)
       logp, ent = token_logprobs(model, mb.tokens_RxL, mb.prompt_len_R, mb.mask_RxN.shape[1],
                                  self.sampling)
-      return self.learner.loss(logp, mb.old_logp_RxN, mb.adv_R, mb.mask_RxN, mb.ref_logp_RxN,
-                               ent)
+      old = jax.lax.stop_gradient(logp) if mb.old_logp_RxN is None else mb.old_logp_RxN
+      loss, metrics = self.learner.loss(logp, old, mb.adv_R, mb.mask_RxN, mb.ref_logp_RxN, ent)
+      return loss, (metrics, logp)
 
-    (_, metrics), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    (_, (metrics, logp)), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
     grads_acc = jax.tree.map(lambda a, b: a + weight * b, grads_acc, g)
-    return grads_acc, jax.tree.map(lambda m: weight * m, metrics)
+    return grads_acc, jax.tree.map(lambda m: weight * m, metrics), logp
 
   def _apply_fn(self, params, opt_state, grads):
     updates, opt_state = self.opt.update(grads, opt_state, params)
@@ -165,21 +172,25 @@ class PolicyUpdater:
       lp[idx, :w], ent[idx, :w] = (np.asarray(x) for x in out)
     return lp, ent
 
-  def update(self, batch: PolicyBatch) -> dict:
+  def update(self, batch: PolicyBatch, with_logprobs: bool = False):
+    """One optimizer step on `batch`; returns its metrics, and with `with_logprobs` also the
+    responses' log-probs `[R, N]` under the parameters before the step (zeros past each group's
+    width, where the mask is zero too), as `logprobs` gives them."""
     b = jax.tree.map(np.asarray, batch)
     n = b.mask_RxN.shape[1]
     prompt_width = b.tokens_RxL.shape[1] - n
     groups = self._groups(b.mask_RxN)
     rows, tokens = b.mask_RxN.shape[0], max(float(b.mask_RxN.sum()), 1.0)
     grads = jax.tree.map(jnp.zeros_like, self.params)
-    metrics = None
+    metrics, logps = None, []
     for idx, w in groups:
+      old = None if b.old_logp_RxN is None else b.old_logp_RxN[idx, :w]
       mb = PolicyBatch(b.tokens_RxL[idx, : prompt_width + w], b.prompt_len_R[idx],
-                       b.mask_RxN[idx, :w], b.adv_R[idx], b.old_logp_RxN[idx, :w],
-                       b.ref_logp_RxN[idx, :w])
+                       b.mask_RxN[idx, :w], b.adv_R[idx], old, b.ref_logp_RxN[idx, :w])
       weight = self.learner.micro_weight(rows, tokens, len(idx), float(mb.mask_RxN.sum()))
-      grads, m = self._grad(self.params, grads, self._put(mb), jnp.float32(weight))
+      grads, m, logp = self._grad(self.params, grads, self._put(mb), jnp.float32(weight))
       metrics = m if metrics is None else jax.tree.map(jnp.add, metrics, m)
+      logps.append((idx, w, logp))
     params, opt_state, grad_norm = self._apply(self.params, self.opt_state, grads)
     metrics = {k: float(v) for k, v in metrics.items()}
     metrics["grad_norm"] = float(grad_norm)
@@ -191,16 +202,22 @@ class PolicyUpdater:
           "Lower the learning rate or check the rewards and advantages.")
     self.params, self.opt_state = params, opt_state
     self.step_count += 1
-    return metrics
+    if not with_logprobs:
+      return metrics
+    lp = np.zeros(b.mask_RxN.shape, np.float32)
+    for idx, w, logp in logps:
+      lp[idx, :w] = np.asarray(logp)
+    return metrics, lp
 
   def model(self):
     return nnx.merge(self.graphdef, self.params)
 
   def warm_up(self, rows: int, prompt_width: int, n: int) -> int:
-    """Builds every program `logprobs` and `update` can run on batches of `rows` rows with
-    prompts padded to `prompt_width` and `n` response tokens: each micro-batch width
-    (`update_widths`), the optimizer step and the eager ops around them. Runs them on zeros and
-    applies nothing. Returns the number of widths."""
+    """Builds every program an on-policy `update` (`old_logp_RxN=None`, what the trainer runs)
+    can run on batches of `rows` rows with prompts padded to `prompt_width` and `n` response
+    tokens: each micro-batch width (`update_widths`), the reference's log-probs when the KL term
+    is on, the optimizer step and the eager ops around them. Runs them on zeros and applies
+    nothing. Returns the number of widths."""
     widths = update_widths(n)
     mb_rows = rows // self.micro
     if rows % (self.micro * self.mesh.devices.size):
@@ -212,11 +229,14 @@ class PolicyUpdater:
     for w in widths:
       zeros = lambda *shape: np.zeros(shape, np.float32)
       mb = PolicyBatch(np.zeros((mb_rows, prompt_width + w), np.int32),
-                       np.ones(mb_rows, np.int32), zeros(mb_rows, w), zeros(mb_rows),
-                       zeros(mb_rows, w), zeros(mb_rows, w))
-      self._logprobs(self.params, jax.device_put(mb.tokens_RxL, self._row_shardings.tokens_RxL),
-                     jax.device_put(mb.prompt_len_R, self._row_shardings.prompt_len_R), n=w)
-      grads, m = self._grad(self.params, grads, self._put(mb), jnp.float32(0.0))
+                       np.ones(mb_rows, np.int32), zeros(mb_rows, w), zeros(mb_rows), None,
+                       zeros(mb_rows, w))
+      if self.ref_params is not None:
+        self._logprobs(self.ref_params,
+                       jax.device_put(mb.tokens_RxL, self._row_shardings.tokens_RxL),
+                       jax.device_put(mb.prompt_len_R, self._row_shardings.prompt_len_R), n=w)
+      grads, m, logp = self._grad(self.params, grads, self._put(mb), jnp.float32(0.0))
+      np.asarray(logp)  # as `update` reads them back
       metrics = m if metrics is None else jax.tree.map(jnp.add, metrics, m)
     jax.block_until_ready(self._apply(self.params, self.opt_state, grads))
     return len(widths)
