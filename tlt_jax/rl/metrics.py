@@ -1,6 +1,9 @@
 """A run directory's records, written in one place: `metrics.jsonl` (one record per step, also
 sent to TensorBoard under `tb/`), `eval.jsonl` (each held-out evaluation's per-prompt accuracy)
-and `rollouts.jsonl` (each step's engine dispatches). `compare.py` reads them back."""
+and `rollouts.jsonl` (each step's engine dispatches). `compare.py` reads them back.
+
+TensorBoard files come from tensorboardX: `clu.metric_writers` (0.0.12) writes them only through
+TensorFlow (its default writer imports it), which the project does not install."""
 
 from __future__ import annotations
 
