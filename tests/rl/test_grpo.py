@@ -118,13 +118,34 @@ def test_length_sorted_micro_batches_equal_the_full_batch_for_token_aggregation(
 
 
 def test_length_groups_sort_rows_and_trim_each_group_to_a_power_of_two():
-  lengths = np.array([3, 40, 9, 1, 17, 2, 64, 5])
-  mask = (np.arange(64)[None] < lengths[:, None]).astype(np.float32)
-  groups = length_groups(mask, 4)
-  assert [sorted(lengths[idx].tolist()) for idx, _ in groups] == [[1, 2], [3, 5], [9, 17], [40, 64]]
+  used = np.array([3, 40, 9, 1, 17, 2, 64, 5])  # columns each row uses: prompt plus response
+  groups = length_groups(used, 4, 80)
+  assert [sorted(used[idx].tolist()) for idx, _ in groups] == [[1, 2], [3, 5], [9, 17], [40, 64]]
   assert [w for _, w in groups] == [8, 8, 32, 64]
   assert sorted(np.concatenate([idx for idx, _ in groups]).tolist()) == list(range(8))
-  assert length_groups(mask[:, :48] * 0 + 1, 2)[0][1] == 48  # capped at N
+  assert length_groups(np.full(8, 48), 2, 48)[0][1] == 48  # capped at the rows' width
+
+
+def test_short_prompts_are_trimmed_with_their_rows():
+  """A micro-batch of short prompts and responses is cut to the columns its rows use, not to the
+  prompt bucket plus its longest response, and its log-probs are those of the untrimmed rows."""
+  up = PolicyUpdater(init_model(small_config(), seed=0), make_mesh(1, 1), GRPOConfig(),
+                     OptimConfig(), SamplingParams(), micro_batches=2)
+  rng = np.random.default_rng(4)
+  plen = np.array([2, 3, 2, 3, 30, 28, 31, 29])        # the prompt bucket is 32
+  rlen = np.array([5, 4, 6, 5, 5, 4, 6, 5])
+  toks = np.zeros((8, 32 + 16), np.int32)
+  mask = (np.arange(16)[None] < rlen[:, None]).astype(np.float32)
+  for i in range(8):
+    toks[i, : plen[i] + rlen[i]] = rng.integers(3, 53, size=plen[i] + rlen[i])
+  groups = up._groups(toks, plen, mask)
+  # Used columns 7-8 (was 32 + 8 before) and 32-37 (capped at the rows' 48).
+  assert [(sorted(idx.tolist()), t, w) for idx, t, w in groups] == [
+      ([0, 1, 2, 3], 8, 8), ([4, 5, 6, 7], 48, 16)]
+  lp, _ = up.logprobs(toks, plen, mask)
+  full, _ = token_logprobs(up.model(), jnp.asarray(toks), jnp.asarray(plen), 16, SamplingParams())
+  m = mask > 0
+  np.testing.assert_allclose(lp[m], np.asarray(full)[m], atol=1e-5)
 
 
 def nnx_state(model):

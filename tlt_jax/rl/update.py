@@ -2,7 +2,7 @@
 
 Parameters and optimizer state are laid out by the model's FSDP specs; each micro-batch's rows
 are split over both mesh axes; gradients are accumulated over length-sorted micro-batches, each
-trimmed to its own response width, so memory is bounded by one micro-batch and padding costs
+trimmed to the columns its rows use, so memory is bounded by one micro-batch and padding costs
 little. The same code runs on 1 device and on a faked multi-device CPU mesh.
 """
 
@@ -76,9 +76,10 @@ class PolicyBatch:
 class PolicyUpdater:
   """Holds the sharded policy parameters and optimizer state; `update(batch)` is one step.
 
-  A step's rows are sorted by response length and cut into `micro_batches` equal groups; each
-  group is trimmed to the smallest power-of-two response width that holds its longest response
-  (`length_groups`), so short responses do not pay for the longest one's padding. Gradients are
+  A step's rows are sorted by the columns they use (prompt plus response) and cut into
+  `micro_batches` equal groups; each group is trimmed to the smallest power-of-two width that
+  holds its longest row (`length_groups`), so short rows pay neither for the longest response's
+  padding nor for the prompt bucket's. Gradients are
   accumulated group by group (one compiled function per width) with weights that make the sum
   equal the full batch's loss for every aggregation mode, then one optimizer step is applied.
   """
@@ -137,13 +138,16 @@ class PolicyUpdater:
     updates, opt_state = self.opt.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, optax.global_norm(grads)
 
-  def _groups(self, mask_RxN: np.ndarray):
+  def _groups(self, tokens_RxL: np.ndarray, prompt_len_R: np.ndarray, mask_RxN: np.ndarray):
+    """`[(rows, sequence width, response width), ...]`: the micro-batches."""
     devices = self.mesh.devices.size
-    rows = mask_RxN.shape[0]
+    rows, n = mask_RxN.shape
     if rows % (self.micro * devices):
       raise ValueError(f"{rows} rows do not split into {self.micro} micro-batches over "
                        f"{devices} devices; use a multiple of {self.micro * devices}.")
-    return length_groups(mask_RxN, self.micro)
+    used_R = np.asarray(prompt_len_R) + np.asarray(mask_RxN).sum(axis=1).astype(np.int64)
+    return [(idx, t, min(n, t))
+            for idx, t in length_groups(used_R, self.micro, tokens_RxL.shape[1])]
 
   def _put(self, arrays: PolicyBatch) -> PolicyBatch:
     return jax.device_put(arrays, self._row_shardings)
@@ -159,15 +163,13 @@ class PolicyUpdater:
                params=None) -> tuple[np.ndarray, np.ndarray]:
     """Log-probs and entropies `[R, N]` of the responses (`mask_RxN` marks their tokens) under
     the current policy (or `params`), computed group by group as in the update (zeros past each
-    group's width, where the mask is zero too)."""
+    group's response width, where the mask is zero too)."""
     params = self.params if params is None else params
     tokens, plen, mask = (np.asarray(x) for x in (tokens_RxL, prompt_len_R, mask_RxN))
-    n = mask.shape[1]
-    prompt_width = tokens.shape[1] - n
     lp, ent = np.zeros(mask.shape, np.float32), np.zeros(mask.shape, np.float32)
     rows2, rows1 = self._row_shardings.tokens_RxL, self._row_shardings.prompt_len_R
-    for idx, w in self._groups(mask):
-      out = self._logprobs(params, jax.device_put(tokens[idx, : prompt_width + w], rows2),
+    for idx, t, w in self._groups(tokens, plen, mask):
+      out = self._logprobs(params, jax.device_put(tokens[idx, :t], rows2),
                            jax.device_put(plen[idx], rows1), n=w)
       lp[idx, :w], ent[idx, :w] = (np.asarray(x) for x in out)
     return lp, ent
@@ -175,18 +177,16 @@ class PolicyUpdater:
   def update(self, batch: PolicyBatch, with_logprobs: bool = False):
     """One optimizer step on `batch`; returns its metrics, and with `with_logprobs` also the
     responses' log-probs `[R, N]` under the parameters before the step (zeros past each group's
-    width, where the mask is zero too), as `logprobs` gives them."""
+    response width, where the mask is zero too), as `logprobs` gives them."""
     b = jax.tree.map(np.asarray, batch)
-    n = b.mask_RxN.shape[1]
-    prompt_width = b.tokens_RxL.shape[1] - n
-    groups = self._groups(b.mask_RxN)
+    groups = self._groups(b.tokens_RxL, b.prompt_len_R, b.mask_RxN)
     rows, tokens = b.mask_RxN.shape[0], max(float(b.mask_RxN.sum()), 1.0)
     grads = jax.tree.map(jnp.zeros_like, self.params)
     metrics, logps = None, []
-    for idx, w in groups:
+    for idx, t, w in groups:
       old = None if b.old_logp_RxN is None else b.old_logp_RxN[idx, :w]
-      mb = PolicyBatch(b.tokens_RxL[idx, : prompt_width + w], b.prompt_len_R[idx],
-                       b.mask_RxN[idx, :w], b.adv_R[idx], old, b.ref_logp_RxN[idx, :w])
+      mb = PolicyBatch(b.tokens_RxL[idx, :t], b.prompt_len_R[idx], b.mask_RxN[idx, :w],
+                       b.adv_R[idx], old, b.ref_logp_RxN[idx, :w])
       weight = self.learner.micro_weight(rows, tokens, len(idx), float(mb.mask_RxN.sum()))
       grads, m, logp = self._grad(self.params, grads, self._put(mb), jnp.float32(weight))
       metrics = m if metrics is None else jax.tree.map(jnp.add, metrics, m)
@@ -218,7 +218,7 @@ class PolicyUpdater:
     tokens: each micro-batch width (`update_widths`), the reference's log-probs when the KL term
     is on, the optimizer step and the eager ops around them. Runs them on zeros and applies
     nothing. Returns the number of widths."""
-    widths = update_widths(n)
+    widths = update_widths(prompt_width + n)
     mb_rows = rows // self.micro
     if rows % (self.micro * self.mesh.devices.size):
       raise ValueError(f"{rows} rows do not split into {self.micro} micro-batches over "
@@ -226,9 +226,10 @@ class PolicyUpdater:
                        f"{self.micro * self.mesh.devices.size}.")
     grads = jax.tree.map(jnp.zeros_like, self.params)
     metrics = None
-    for w in widths:
+    for t in widths:
+      w = min(n, t)
       zeros = lambda *shape: np.zeros(shape, np.float32)
-      mb = PolicyBatch(np.zeros((mb_rows, prompt_width + w), np.int32),
+      mb = PolicyBatch(np.zeros((mb_rows, t), np.int32),
                        np.ones(mb_rows, np.int32), zeros(mb_rows, w), zeros(mb_rows), None,
                        zeros(mb_rows, w))
       if self.ref_params is not None:
@@ -242,25 +243,25 @@ class PolicyUpdater:
     return len(widths)
 
 
-def update_widths(n: int, min_width: int = 8) -> list[int]:
-  """Every response width `length_groups` can give for `n` response tokens."""
+def update_widths(width: int, min_width: int = 8) -> list[int]:
+  """Every sequence width `length_groups` can give for rows of `width` columns."""
   widths, w = [], min_width
-  while w < n:
+  while w < width:
     widths.append(w)
     w *= 2
-  return widths + [n]
+  return widths + [width]
 
 
-def length_groups(mask_RxN: np.ndarray, groups: int, min_width: int = 8):
-  """Row indices sorted by response length and cut into `groups` equal parts, each with the
-  smallest power-of-two response width (at least `min_width`, at most `N`) that holds its
-  longest response: `[(rows, width), ...]`. Powers of two bound the compiled widths to log2(N)."""
-  n = mask_RxN.shape[1]
-  lengths = mask_RxN.sum(axis=1).astype(np.int64)
-  order = np.argsort(lengths, kind="stable")
+def length_groups(used_R: np.ndarray, groups: int, width: int, min_width: int = 8):
+  """Row indices sorted by the columns each row uses (`used_R`) and cut into `groups` equal
+  parts, each with the smallest power-of-two width (at least `min_width`, at most `width`) that
+  holds its longest row: `[(rows, width), ...]`. Powers of two bound the compiled widths to
+  log2(width)."""
+  used_R = np.asarray(used_R, np.int64)
+  order = np.argsort(used_R, kind="stable")
   out = []
   for idx in np.split(order, groups):
-    longest = int(lengths[idx].max()) if len(idx) else 0
-    width = max(min_width, 1 << max(longest - 1, 0).bit_length())
-    out.append((np.sort(idx), min(width, n)))
+    longest = int(used_R[idx].max()) if len(idx) else 0
+    w = max(min_width, 1 << max(longest - 1, 0).bit_length())
+    out.append((np.sort(idx), min(w, width)))
   return out
