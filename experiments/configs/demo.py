@@ -41,7 +41,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       run.grpo.aggregation = "token"
       run.micro_batches = 4          # length-sorted groups: each pays only its own padding
       run.eval_every = run.steps     # held-out accuracy before the first step and after the last
-      run.eval_prompts, run.eval_group_size = 128, 8
+      run.eval_prompts, run.eval_group_size = 256, 8  # SE of the paired change ~ 1/sqrt(256)
       run.warmup.steps = 150         # a shorter drafter warm-up than drafter_tiny's 300 steps
       run.engine.max_batch = 64      # evaluation waves of a training wave's shape: shared programs
       # Four batch buckets, not eight: each is a program per arm and shard for the warm-up to
