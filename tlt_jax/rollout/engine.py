@@ -33,7 +33,7 @@ from tlt_jax.rollout.pool import ExecutablePool, configure_compilation_cache
 from tlt_jax.rollout.scheduler import Results, ShardRun, next_ready
 from tlt_jax.rollout.shards import shard_meshes
 from tlt_jax.rollout.spec_step import spec_step
-from tlt_jax.rollout.state import DecodeState, empty_state, needs_layers, plain_step
+from tlt_jax.rollout.state import DecodeState, History, empty_state, needs_layers, plain_step
 from tlt_jax.rollout.timeline import Timeline
 from tlt_jax.rollout.weights import WeightStore
 from tlt_jax.spec.controller import SpecController
@@ -201,9 +201,9 @@ class RolloutEngine:
       st = dataclasses.replace(
           st, cache=cache, logits_BxV=rows_of(out.logits_BxTxV[urows, last_U]), sample_id_B=ids_B,
           done_B=~active_B,
-          prompt_hidden_BxD=rows_of(out.hidden_BxTxD[urows, last_U]).astype(
-              st.prompt_hidden_BxD.dtype),
-          history_BxH=hist_prefix_BxH, hist_len_B=hist_len_B, corpus_len_B=corpus_len_B)
+          captured=dataclasses.replace(st.captured, prompt_hidden_BxD=rows_of(
+              out.hidden_BxTxD[urows, last_U]).astype(st.captured.prompt_hidden_BxD.dtype)),
+          history=History(hist_prefix_BxH, len_B=hist_len_B, corpus_len_B=corpus_len_B))
       if drafter is None:
         return st
       draft = drafter.init_state(cfg, u, cache_len) if shared else st.draft
@@ -411,7 +411,7 @@ class RolloutEngine:
     """After shard `s`'s dispatch: records it, harvests finished rows and compacts the batch into
     a smaller bucket; when no row is left, starts the shard's next wave (None: no wave left)."""
     done, t_now, ss_now = (np.asarray(x) for x in jax.device_get(
-        (run.state.done_B, run.state.t_B, run.state.spec_steps_B)))
+        (run.state.done_B, run.state.t_B, run.state.spec.steps_B)))
     wall = time.perf_counter() - run.t0
     live_slots = np.flatnonzero(~done & (run.slots >= 0))
     emitted = int(np.sum(t_now - run.t))

@@ -63,6 +63,6 @@ class Results:
       self.tokens_RxN[r], self.logprobs_RxN[r] = host[0][slot], host[1][slot]
       self.lengths_R[r], self.stopped_R[r] = host[2][slot], host[3][slot]
     if self.hidden_RxNxD is not None:
-      h, ph = jax.device_get((st.hidden_BxNxD, st.prompt_hidden_BxD))
+      h, ph = jax.device_get((st.captured.hidden_BxNxD, st.captured.prompt_hidden_BxD))
       for slot, r in zip(slots, rows):
         self.hidden_RxNxD[r], self.prompt_hidden_RxD[r] = h[slot], ph[slot]

@@ -26,7 +26,8 @@ def spec_step(model, drafter: DraftModel | None, st: DecodeState, params: Sampli
   proposer = get_proposer(strategy.proposer)
   if proposer.uses_draft_model:
     st = dataclasses.replace(st, draft=drafter.catch_up(
-        model, st.draft, st.tokens_BxN, st.hidden_BxNxD, st.prompt_hidden_BxD, st.done_B, st.t_B))
+        model, st.draft, st.tokens_BxN, st.captured.hidden_BxNxD, st.captured.prompt_hidden_BxD,
+        st.done_B, st.t_B))
   live_B = ~st.done_B
   s0_B, lp0_B = next_token(st, params, key)
   s0_B = jnp.where(live_B, s0_B, pad_id)
@@ -72,9 +73,7 @@ def _chain_step(model, drafter: DraftModel | None, st: DecodeState, s0_B, lp0_B,
   new = dataclasses.replace(
       new, cache=kvc.commit(out.cache, keep_B),
       logits_BxV=jnp.where((keep_B > 0)[:, None], last_logits, st.logits_BxV),
-      pending_B=jnp.where((keep_B > 0) & (keep_B == m_B), forced_B,
-                          jnp.where(keep_B > 0, -1, st.pending_B)),
-      spec_steps_B=st.spec_steps_B + live_B, spec_tokens_B=st.spec_tokens_B + keep_B)
+      spec=st.spec.after_step(keep_B, m_B, forced_B, live_B))
   # The drafter consumed (s0, old feature) while drafting; it now catches up on the kept drafts
   # with the target's true features.
   return follow_drafter(model, drafter, st, new, out, inputs_BxM, keep_B, draft=draft,
@@ -119,8 +118,6 @@ def _tree_step(model, drafter: DraftModel | None, st: DecodeState, s0_B, lp0_B,
       new, cache=kvc.commit(out.cache, keep_B, path_BxM),
       logits_BxV=jnp.where((keep_B > 0)[:, None], out.logits_BxTxV[rows, last_node_B],
                            st.logits_BxV),
-      pending_B=jnp.where((keep_B > 0) & (keep_B == m_B), forced_B,
-                          jnp.where(keep_B > 0, -1, st.pending_B)),
-      spec_steps_B=st.spec_steps_B + live_B, spec_tokens_B=st.spec_tokens_B + keep_B)
+      spec=st.spec.after_step(keep_B, m_B, forced_B, live_B))
   return follow_drafter(model, drafter, st, new, path_out, cand_BxM, keep_B, draft=draft,
                         first=1)

@@ -3,8 +3,13 @@
 Invariant shared by plain and speculative steps: every token a row has emitted has been fed to the
 model and committed to its cache, and `logits_BxV` are the logits after the last of them, so the
 next token is sampled from `logits_BxV` with the noise of its own position. A speculative step that
-ends on a rejection leaves that position's token in `pending_B` (forced next, -1 when none). Either
-step can follow the other without flushing or re-prefilling.
+ends on a rejection leaves that position's token in `spec.pending_B` (forced next, -1 when none).
+Either step can follow the other without flushing or re-prefilling.
+
+`DecodeState` is the base state plain decoding needs, plus one part per concern above it: `spec`
+(what speculative steps leave for the next step, and their counts), `history` (the context the
+suffix proposer matches against), `captured` (hidden states the draft model follows lazily and
+trains on) and `draft` (the draft model's own state, `spec.proposer.DraftModel`).
 """
 
 from __future__ import annotations
@@ -22,25 +27,60 @@ from tlt_jax.spec.proposer import DraftModel
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
+class SpecState:
+  """What speculative steps add to a row: the token the rejection rule forces next (-1: none),
+  and the speculative steps the row took while live and the tokens they emitted."""
+
+  pending_B: jax.Array
+  steps_B: jax.Array
+  tokens_B: jax.Array
+
+  def after_step(self, keep_B, m_B, forced_B, live_B) -> SpecState:
+    """After a speculative step that kept `keep_B` of `m_B` candidates (`forced_B`: the token a
+    rejection forces next, -1 when none)."""
+    return SpecState(
+        pending_B=jnp.where((keep_B > 0) & (keep_B == m_B), forced_B,
+                            jnp.where(keep_B > 0, -1, self.pending_B)),
+        steps_B=self.steps_B + live_B, tokens_B=self.tokens_B + keep_B)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class History:
+  """The suffix proposer's context: each row's suffix corpus, then its prompt, then its response
+  (`tokens_BxH`, -1 past `len_B`); the corpus fills the first `corpus_len_B` slots."""
+
+  tokens_BxH: jax.Array
+  len_B: jax.Array
+  corpus_len_B: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Captured:
+  """Hidden states the draft model follows lazily and trains on: of each emitted token
+  (`[B, 0, D]` when not captured) and of the last prompt token (it predicted token 0)."""
+
+  hidden_BxNxD: jax.Array
+  prompt_hidden_BxD: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class DecodeState:
   """Everything one shard's decode loop carries, batch-leading: compacted as one pytree."""
 
   cache: kvc.KVCache
   logits_BxV: jax.Array       # next-token logits of each row
-  pending_B: jax.Array        # forced next token (rejection rule), -1 when none
   sample_id_B: jax.Array
   t_B: jax.Array              # tokens emitted so far
   done_B: jax.Array
   stopped_B: jax.Array        # ended on a stop token (else: length)
   tokens_BxN: jax.Array
   logprobs_BxN: jax.Array
-  hidden_BxNxD: jax.Array     # hidden state of each emitted token ([B, 0, D] when not captured)
-  prompt_hidden_BxD: jax.Array  # hidden state of the last prompt token (it predicted token 0)
-  history_BxH: jax.Array      # suffix corpus, then prompt, then response (for the suffix proposer)
-  hist_len_B: jax.Array
-  corpus_len_B: jax.Array
-  spec_steps_B: jax.Array     # speculative steps taken while live
-  spec_tokens_B: jax.Array    # tokens those steps emitted
+  spec: SpecState
+  history: History
+  captured: Captured
   draft: Any = None           # the draft model's per-row state (`spec.proposer`), if any
 
 
@@ -51,20 +91,20 @@ def empty_state(cfg, b: int, cache_len: int, n: int, capture: bool, history: int
   return DecodeState(
       draft=drafter.init_state(cfg, b, cache_len) if drafter is not None else None,
       cache=kvc.init_cache(cfg, b, cache_len), logits_BxV=jnp.zeros((b, cfg.vocab_size)),
-      pending_B=jnp.full((b,), -1, jnp.int32), sample_id_B=i32(), t_B=i32(),
-      done_B=jnp.ones((b,), bool), stopped_B=jnp.zeros((b,), bool),
+      sample_id_B=i32(), t_B=i32(), done_B=jnp.ones((b,), bool), stopped_B=jnp.zeros((b,), bool),
       tokens_BxN=jnp.full((b, n), pad_id, jnp.int32), logprobs_BxN=jnp.zeros((b, n), jnp.float32),
-      hidden_BxNxD=jnp.zeros((b, n if capture else 0, cfg.d_model), jnp.dtype(cfg.dtype)),
-      prompt_hidden_BxD=jnp.zeros((b, cfg.d_model), jnp.dtype(cfg.dtype)),
-      history_BxH=jnp.full((b, history), -1, jnp.int32), hist_len_B=i32(), corpus_len_B=i32(),
-      spec_steps_B=i32(), spec_tokens_B=i32())
+      spec=SpecState(pending_B=jnp.full((b,), -1, jnp.int32), steps_B=i32(), tokens_B=i32()),
+      history=History(jnp.full((b, history), -1, jnp.int32), len_B=i32(), corpus_len_B=i32()),
+      captured=Captured(
+          jnp.zeros((b, n if capture else 0, cfg.d_model), jnp.dtype(cfg.dtype)),
+          jnp.zeros((b, cfg.d_model), jnp.dtype(cfg.dtype))))
 
 
 def next_token(st: DecodeState, params: SamplingParams, key) -> tuple[jax.Array, jax.Array]:
   """The row's next token (pending, else sampled at its own position) and its log-prob."""
   logp_BxV = processed_logprobs(st.logits_BxV, params)
   sampled = sample_from_logprobs(logp_BxV, params, key, st.sample_id_B, st.t_B)
-  tok_B = jnp.where(st.pending_B >= 0, st.pending_B, sampled)
+  tok_B = jnp.where(st.spec.pending_B >= 0, st.spec.pending_B, sampled)
   return tok_B, jnp.take_along_axis(logp_BxV, tok_B[:, None], axis=1)[:, 0]
 
 
@@ -87,17 +127,19 @@ def emit(st: DecodeState, toks_BxM, logps_BxM, hidden_BxMxD, m_B, stop_ids, n: i
   pos_BxM = jnp.where(keep_BxM, st.t_B[:, None] + j_M[None], n)  # n: out of range, dropped
   tokens = st.tokens_BxN.at[rows, pos_BxM].set(toks_BxM, mode="drop")
   logprobs = st.logprobs_BxN.at[rows, pos_BxM].set(logps_BxM, mode="drop")
-  hidden = st.hidden_BxNxD
+  hidden = st.captured.hidden_BxNxD
   if hidden.shape[1]:
     hidden = hidden.at[rows, pos_BxM].set(hidden_BxMxD.astype(hidden.dtype), mode="drop")
-  hpos_BxM = jnp.where(keep_BxM, st.hist_len_B[:, None] + j_M[None], st.history_BxH.shape[1])
-  history = st.history_BxH.at[rows, hpos_BxM].set(toks_BxM, mode="drop")
+  h = st.history
+  hpos_BxM = jnp.where(keep_BxM, h.len_B[:, None] + j_M[None], h.tokens_BxH.shape[1])
+  history = History(h.tokens_BxH.at[rows, hpos_BxM].set(toks_BxM, mode="drop"),
+                    len_B=h.len_B + keep_B, corpus_len_B=h.corpus_len_B)
   t_B = st.t_B + keep_B
   hit_stop_B = live_B & (first_stop_B < keep_B)
   done_B = st.done_B | hit_stop_B | (t_B >= n)
   return dataclasses.replace(
-      st, tokens_BxN=tokens, logprobs_BxN=logprobs, hidden_BxNxD=hidden, history_BxH=history,
-      hist_len_B=st.hist_len_B + keep_B, t_B=t_B, done_B=done_B,
+      st, tokens_BxN=tokens, logprobs_BxN=logprobs, history=history, t_B=t_B, done_B=done_B,
+      captured=dataclasses.replace(st.captured, hidden_BxNxD=hidden),
       stopped_B=st.stopped_B | hit_stop_B), keep_B
 
 
@@ -129,7 +171,7 @@ def plain_step(model, drafter, st: DecodeState, params: SamplingParams, key, sto
   new = dataclasses.replace(
       new, cache=kvc.commit(out.cache, keep_B),
       logits_BxV=jnp.where((keep_B > 0)[:, None], out.logits_BxTxV[:, 0], st.logits_BxV),
-      pending_B=jnp.where(keep_B > 0, -1, st.pending_B))
+      spec=dataclasses.replace(st.spec, pending_B=jnp.where(keep_B > 0, -1, st.spec.pending_B)))
   if not follow:
     return new
   return follow_drafter(model, drafter, st, new, out, tok_B[:, None], keep_B)

@@ -32,8 +32,9 @@ class SuffixProposer(ChainProposer):
 
   def draft(self, target, drafter, st, s0_B, arm, params, key, rule: str, live_B) -> ChainDrafts:
     rows = jnp.arange(s0_B.shape[0])
-    hist = st.history_BxH.at[rows, st.hist_len_B].set(s0_B, mode="drop")
-    drafts_BxK, _ = suffix_propose(hist, st.hist_len_B + 1, arm.depth, arm.ngram)
+    h = st.history
+    hist = h.tokens_BxH.at[rows, h.len_B].set(s0_B, mode="drop")
+    drafts_BxK, _ = suffix_propose(hist, h.len_B + 1, arm.depth, arm.ngram)
     valid_BxK = jnp.cumprod((drafts_BxK >= 0).astype(jnp.int32), axis=1).astype(bool)
     return ChainDrafts(drafts_BxK, valid_BxK, None)
 
