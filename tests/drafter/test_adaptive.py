@@ -23,7 +23,7 @@ from tlt_jax.models.pretrained import load_pretrained
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.rl.grpo import GRPOConfig
-from tlt_jax.rl.trainer import Trainer
+from tlt_jax.rl.trainer import LoopConfig, Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig, Strategy
@@ -190,12 +190,12 @@ def test_a_tlt_run_exports_a_policy_and_drafter_that_generate_can_load(tmp_path)
   w.tokenizer = CharTokenizer(w.model.cfg.vocab_size)
   cfg = AdaptiveConfig(spot=SpotConfig(batch_rows=4, seq_len=16, budget_s=0.2, min_segments=4),
                        publish=PublishConfig(depth=3, min_ratio=0.0, seq_len=16))
-  tr = Trainer(w, out_dir=str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
+  tr = Trainer(w, LoopConfig(str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
+                             export=True, checkpoint_every=1),
                engine_cfg=engine(),
                learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                spec=SpecConfig(threshold=16, arms=EAGLE, min_accept_len=0.0),
-               drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1), adaptive=cfg,
-               export=True, checkpoint_every=1)
+               drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1), adaptive=cfg)
   hist = tr.run(progress=False)
   assert hist[-1]["drafter/steps"] > 0 and tr.adaptive.publisher.version >= 1
   assert hist[-1]["drafter_version"] == tr.engine.weights.drafter_version
@@ -209,11 +209,11 @@ def test_a_tlt_run_exports_a_policy_and_drafter_that_generate_can_load(tmp_path)
   for a, b in zip(jax.tree.leaves(nnx.state(drafter, nnx.Param)), jax.tree.leaves(tr.adaptive.in_use)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   # Resuming restores the drafter, its optimizer and the published version.
-  again = Trainer(w, out_dir=str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
+  again = Trainer(w, LoopConfig(str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
+                                checkpoint_every=1),
                   engine_cfg=engine(),
                   learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                   spec=SpecConfig(threshold=16, arms=EAGLE, min_accept_len=0.0),
-                  drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1), adaptive=cfg,
-                  checkpoint_every=1)
+                  drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1), adaptive=cfg)
   assert again.restore() and again.engine.weights.drafter_version == tr.engine.weights.drafter_version
   assert again.adaptive.spot.trainer.step_count == tr.adaptive.spot.trainer.step_count

@@ -11,7 +11,7 @@ import pytest
 from tests.rl.test_trainer import engine, workload
 from tlt_jax.checkpoint import Checkpointer, CheckpointError
 from tlt_jax.rl.grpo import GRPOConfig
-from tlt_jax.rl.trainer import Trainer, TrainingError
+from tlt_jax.rl.trainer import LoopConfig, Trainer, TrainingError
 from tlt_jax.rl.update import OptimConfig
 
 
@@ -19,10 +19,10 @@ def trainer(out_dir, steps, reward_fn=None, checkpoint_every=1):
   w = workload()
   if reward_fn is not None:
     w.reward_fn = reward_fn
-  return Trainer(w, out_dir=str(out_dir), steps=steps, prompts_per_step=4, group_size=4,
+  return Trainer(w, LoopConfig(str(out_dir), steps, prompts_per_step=4, group_size=4,
+                               checkpoint_every=checkpoint_every),
                  engine_cfg=engine(),
-                 learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
-                 checkpoint_every=checkpoint_every)
+                 learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10))
 
 
 def test_nan_in_the_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):

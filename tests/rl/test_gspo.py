@@ -15,7 +15,7 @@ from tlt_jax.models.sharding import make_mesh
 from tlt_jax.rl.grpo import GRPOConfig
 from tlt_jax.rl.gspo import GSPOConfig
 from tlt_jax.rl.learner import learner_from_config
-from tlt_jax.rl.trainer import Trainer
+from tlt_jax.rl.trainer import LoopConfig, Trainer
 from tlt_jax.rl.update import OptimConfig, PolicyUpdater
 
 
@@ -86,7 +86,7 @@ def test_a_config_names_its_learner():
 
 
 def test_a_gspo_run_trains_with_its_reference_and_logs_under_its_name(tmp_path):
-  tr = Trainer(workload(), out_dir=str(tmp_path), steps=2, prompts_per_step=4, group_size=4,
+  tr = Trainer(workload(), LoopConfig(str(tmp_path), steps=2, prompts_per_step=4, group_size=4),
                engine_cfg=engine(), learner=GSPOConfig(clip_low=0.2, clip_high=0.2, kl_coef=0.1),
                optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10))
   hist = tr.run(progress=False)

@@ -11,7 +11,7 @@ from tests.conftest import small_config
 from tlt_jax.models import init_model
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rl.grpo import GRPOConfig
-from tlt_jax.rl.trainer import Trainer
+from tlt_jax.rl.trainer import LoopConfig, Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.spec.strategy import SpecConfig, Strategy
@@ -41,10 +41,11 @@ def engine(**kw) -> EngineConfig:
 
 
 def run(tmp_path, name, steps, spec=None, checkpoint_every=0):
-  tr = Trainer(workload(), out_dir=str(tmp_path / name), steps=steps, prompts_per_step=4,
-               group_size=4, engine_cfg=engine(),
+  tr = Trainer(workload(), LoopConfig(str(tmp_path / name), steps, prompts_per_step=4,
+                                      group_size=4, checkpoint_every=checkpoint_every),
+               engine_cfg=engine(),
                learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
-               spec=spec, checkpoint_every=checkpoint_every)
+               spec=spec)
   return tr.run(progress=False)
 
 
@@ -77,11 +78,11 @@ def test_resume_continues_the_same_trajectory(tmp_path):
 
 def test_held_out_evaluation_and_the_rollout_record(tmp_path):
   w = workload()
-  tr = Trainer(w, out_dir=str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
+  tr = Trainer(w, LoopConfig(str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
+                             eval_every=2, eval_group_size=2),
                engine_cfg=engine(),
                learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
-               eval_prompts=w.prompts[:6], eval_answers=[None] * 6, eval_every=2,
-               eval_group_size=2)
+               eval_prompts=w.prompts[:6], eval_answers=[None] * 6)
   hist = tr.run(progress=False)
   assert [("eval/accuracy" in m) for m in hist] == [True, False, True]
   assert "final_eval/accuracy" in hist[-1] and 0.0 <= hist[-1]["final_eval/accuracy"] <= 1.0
@@ -94,27 +95,28 @@ def test_held_out_evaluation_and_the_rollout_record(tmp_path):
 
 
 def test_bad_trainer_settings_are_clear_errors(tmp_path):
-  kw = dict(out_dir=str(tmp_path), steps=1, group_size=4, learner=GRPOConfig(), optim=OptimConfig(),
-            engine_cfg=engine())
+  kw = dict(learner=GRPOConfig(), optim=OptimConfig(), engine_cfg=engine())
   with pytest.raises(ValueError, match="exceeds the prompt pool"):
-    Trainer(workload(), prompts_per_step=99, **kw)
+    Trainer(workload(), LoopConfig(str(tmp_path), 1, prompts_per_step=99, group_size=4), **kw)
   with pytest.raises(ValueError, match="prefill bucket"):
-    Trainer(workload(), prompts_per_step=4, **{**kw, "engine_cfg": engine(
-        prefill_buckets=(4,))})
+    Trainer(workload(), LoopConfig(str(tmp_path), 1, prompts_per_step=4, group_size=4),
+            **{**kw, "engine_cfg": engine(prefill_buckets=(4,))})
+  with pytest.raises(ValueError, match="must be >= 1"):
+    LoopConfig(str(tmp_path), 0, prompts_per_step=4, group_size=4)
 
 
 def test_the_kl_reference_survives_a_resume(tmp_path):
   """With kl_coef > 0 the frozen reference is checkpointed: a resumed run computes the KL term
   against the run's starting policy, not against the policy it resumed from."""
-  kw = dict(out_dir=str(tmp_path), prompts_per_step=4, group_size=4,
-            engine_cfg=engine(),
+  kw = dict(engine_cfg=engine(),
             learner=GRPOConfig(kl_coef=0.1), optim=OptimConfig(lr=1e-2, warmup_steps=0,
-                                                            total_steps=10),
-            checkpoint_every=1)
-  first = Trainer(workload(), steps=2, **kw)
+                                                            total_steps=10))
+  loop = lambda steps: LoopConfig(str(tmp_path), steps, prompts_per_step=4, group_size=4,
+                                  checkpoint_every=1)
+  first = Trainer(workload(), loop(2), **kw)
   hist = first.run(progress=False)
   assert hist[0]["grpo/kl"] < 1e-7 and hist[1]["grpo/kl"] > 1e-6
-  again = Trainer(workload(seed=5), steps=3, **kw)  # another init: the reference must come back
+  again = Trainer(workload(seed=5), loop(3), **kw)  # another init: the reference must come back
   assert again.restore()
   for a, b in zip(jax.tree.leaves(again.updater.ref_params),
                   jax.tree.leaves(first.updater.ref_params)):

@@ -15,7 +15,7 @@ from tlt_jax.drafter.spot import SpotConfig
 from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.rl.grpo import GRPOConfig
 from tlt_jax.rl.run import engine_config
-from tlt_jax.rl.trainer import Trainer
+from tlt_jax.rl.trainer import LoopConfig, Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.spec.strategy import SpecConfig, Strategy
@@ -28,7 +28,8 @@ def test_no_step_compiles_after_warm_up(tmp_path):
   sizes = rng.choice([1, 2, 3, 4, 6, 8, 12, 14], size=32, p=[.2, .2, .2, .2, .08, .06, .03, .03])
   w.prompts = [rng.integers(3, 53, size=int(k)).tolist() for k in sizes]
   arms = (Strategy("eagle", 3, 0), Strategy("suffix", 2, 2), Strategy("plain", 1, 0))
-  tr = Trainer(w, out_dir=str(tmp_path), steps=4, prompts_per_step=4, group_size=4,
+  tr = Trainer(w, LoopConfig(str(tmp_path), steps=4, prompts_per_step=4, group_size=4,
+                             eval_every=2, eval_group_size=2, micro_batches=2),
                engine_cfg=EngineConfig(prefill_buckets=(4, 8, 16), batch_buckets=(1, 2, 4, 8, 16),
                                        max_batch=16, steps_per_dispatch=3),
                learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
@@ -37,8 +38,7 @@ def test_no_step_compiles_after_warm_up(tmp_path):
                adaptive=AdaptiveConfig(
                    spot=SpotConfig(batch_rows=4, seq_len=16, budget_s=0.2, min_segments=4),
                    publish=PublishConfig(depth=3, min_ratio=0.0, seq_len=16), holdout_rows=4),
-               eval_prompts=w.prompts[:6], eval_answers=[None] * 6, eval_every=2,
-               eval_group_size=2, micro_batches=2)
+               eval_prompts=w.prompts[:6], eval_answers=[None] * 6)
   buckets = {min(b for b in (4, 8, 16) if b >= max(len(w.prompts[i]) for i in tr._batch_indices(s)))
              for s in range(4)}
   assert len(buckets) > 1  # the steps' prompts need different prefill buckets

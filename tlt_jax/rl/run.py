@@ -18,7 +18,7 @@ from tlt_jax.hashing import provenance
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rl.compare import compare_runs, heldout_change, read_metrics
 from tlt_jax.rl.learner import learner_from_config
-from tlt_jax.rl.trainer import Trainer
+from tlt_jax.rl.trainer import LoopConfig, Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.spec.strategy import spec_config_from_dict
@@ -118,14 +118,14 @@ def build_trainer(c, progress: bool = True, stages: Stages | None = None) -> Tra
     held_out = build_workload(c, c.eval_prompts, c.seed + 7919,  # other problems than training
                               policy=stages.policy)
     eval_prompts, eval_answers = held_out.prompts, held_out.answers
-  return Trainer(w, out_dir=c.out_dir, steps=c.steps, prompts_per_step=c.prompts_per_step,
-                 group_size=c.group_size, engine_cfg=engine_config(c),
-                 learner=learner_from_config(c), optim=OptimConfig(**c.optim), seed=c.seed,
-                 spec=spec, drafter=drafter, checkpoint_every=c.checkpoint_every,
-                 micro_batches=c.micro_batches, mesh_shape=tuple(c.get("mesh", (1, 1))),
-                 eval_prompts=eval_prompts, eval_answers=eval_answers,
-                 eval_every=c.get("eval_every", 0), eval_group_size=c.get("eval_group_size", 4),
-                 adaptive=adaptive, export=c.get("export", False))
+  loop = LoopConfig(out_dir=c.out_dir, steps=c.steps, prompts_per_step=c.prompts_per_step,
+                    group_size=c.group_size, seed=c.seed, micro_batches=c.micro_batches,
+                    mesh_shape=tuple(c.get("mesh", (1, 1))), checkpoint_every=c.checkpoint_every,
+                    eval_every=c.get("eval_every", 0),
+                    eval_group_size=c.get("eval_group_size", 4), export=c.get("export", False))
+  return Trainer(w, loop, engine_cfg=engine_config(c), learner=learner_from_config(c),
+                 optim=OptimConfig(**c.optim), spec=spec, drafter=drafter, adaptive=adaptive,
+                 eval_prompts=eval_prompts, eval_answers=eval_answers)
 
 
 def summarize(name: str, out_dir: str, history: list[dict]) -> dict:

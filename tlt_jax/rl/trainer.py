@@ -80,24 +80,46 @@ def tail_seconds(res, fraction: float = 0.25) -> float:
   return float(sum(e.end - e.start for e in dec if e.live <= max(1, fraction * widest)))
 
 
-class Trainer:
-  """One RL run with `learner`'s algorithm. `mesh_shape` = (data, fsdp) for the update;
-  `eval_prompts` (with answers) are scored every `eval_every` steps, at step 0 and at the end
-  (`eval/accuracy`)."""
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+  """The loop's own settings: each step draws `prompts_per_step` prompts x `group_size` samples
+  (addressed by `seed` and the step) for `steps` steps; the update splits a step's rows into
+  `micro_batches` on a `mesh_shape` = (data, fsdp) mesh; held-out evaluation every `eval_every`
+  steps (0: off) with `eval_group_size` samples per prompt; a checkpoint every
+  `checkpoint_every` steps (0: off), the last `keep` kept; `export` the final policy (and
+  drafter) to `out_dir/export`."""
 
-  def __init__(self, workload, *, out_dir: str, steps: int, prompts_per_step: int,
-               group_size: int, engine_cfg: EngineConfig, learner: Learner, optim: OptimConfig,
-               seed: int = 0, spec: SpecConfig | None = None, drafter=None,
+  out_dir: str
+  steps: int
+  prompts_per_step: int
+  group_size: int
+  seed: int = 0
+  micro_batches: int = 1
+  mesh_shape: tuple[int, int] = (1, 1)
+  checkpoint_every: int = 0
+  keep: int = 2
+  eval_every: int = 0
+  eval_group_size: int = 4
+  export: bool = False
+
+  def __post_init__(self):
+    if self.steps < 1 or self.prompts_per_step < 1 or self.group_size < 1:
+      raise ValueError(f"steps, prompts_per_step and group_size must be >= 1, got {self.steps}, "
+                       f"{self.prompts_per_step}, {self.group_size}.")
+
+
+class Trainer:
+  """One RL run of `loop`'s settings with `learner`'s algorithm on `workload`'s prompts (or
+  `prompt_pool` with `answers`); `eval_prompts` (with answers) are scored every
+  `loop.eval_every` steps, at step 0 and at the end (`eval/accuracy`)."""
+
+  def __init__(self, workload, loop: LoopConfig, *, engine_cfg: EngineConfig, learner: Learner,
+               optim: OptimConfig, spec: SpecConfig | None = None, drafter=None, adaptive=None,
                prompt_pool: list | None = None, answers: list | None = None,
-               checkpoint_every: int = 0, keep: int = 2, micro_batches: int = 1,
-               mesh_shape: tuple[int, int] = (1, 1), eval_prompts: list | None = None,
-               eval_answers: list | None = None, eval_every: int = 0, eval_group_size: int = 4,
-               adaptive=None, export: bool = False):
-    if steps < 1 or prompts_per_step < 1 or group_size < 1:
-      raise ValueError(f"steps, prompts_per_step and group_size must be >= 1, got {steps}, "
-                       f"{prompts_per_step}, {group_size}.")
-    self.w, self.out_dir, self.steps = workload, out_dir, steps
-    self.prompts_per_step, self.group_size, self.seed = prompts_per_step, group_size, seed
+               eval_prompts: list | None = None, eval_answers: list | None = None):
+    self.w, self.loop, self.out_dir, self.steps = workload, loop, loop.out_dir, loop.steps
+    prompts_per_step, group_size = loop.prompts_per_step, loop.group_size
+    self.prompts_per_step, self.group_size, self.seed = prompts_per_step, group_size, loop.seed
     self.pool_prompts = prompt_pool if prompt_pool is not None else workload.prompts
     self.pool_answers = answers if answers is not None else workload.answers
     if prompts_per_step > len(self.pool_prompts):
@@ -109,8 +131,8 @@ class Trainer:
       raise ValueError(f"The longest prompt ({max(len(p) for p in self.pool_prompts)} tokens) "
                        f"exceeds every prefill bucket {engine_cfg.prefill_buckets}; add a "
                        "larger bucket to engine.prefill_buckets.")
-    self.updater = PolicyUpdater(workload.model, make_mesh(*mesh_shape), learner, optim,
-                                 workload.params, micro_batches)
+    self.updater = PolicyUpdater(workload.model, make_mesh(*loop.mesh_shape), learner, optim,
+                                 workload.params, loop.micro_batches)
     if not engine_cfg.max_prompt_len:  # one cache layout for every step: nothing compiles later
       longest = max(len(p) for p in list(self.pool_prompts) + list(eval_prompts or []))
       engine_cfg = dataclasses.replace(engine_cfg, max_prompt_len=longest)
@@ -122,15 +144,12 @@ class Trainer:
         raise ValueError("An adaptive drafter needs a drafter to start from (the warm-up one).")
       self.adaptive = AdaptiveDrafter(self.engine, drafter, workload.model, adaptive,
                                       workload.tokenizer.pad_id)
-    self.export = export
     self.eval_prompts, self.eval_answers = eval_prompts, eval_answers
-    self.eval_every, self.eval_group_size = eval_every, eval_group_size
-    self.ckpt_dir = os.path.join(out_dir, "checkpoints")
-    self.ckpt = Checkpointer(self.ckpt_dir, keep=keep) if checkpoint_every else None
-    self.checkpoint_every = checkpoint_every
+    self.ckpt_dir = os.path.join(self.out_dir, "checkpoints")
+    self.ckpt = Checkpointer(self.ckpt_dir, keep=loop.keep) if loop.checkpoint_every else None
     self.step = 0
     self.warmup_report: dict = {}
-    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(self.out_dir, exist_ok=True)
 
   def _batch_indices(self, step: int) -> np.ndarray:
     """The data iterator, addressed by step: resuming at step s draws what a straight run would."""
@@ -140,9 +159,9 @@ class Trainer:
   def evaluate(self) -> tuple[dict, list[float]]:
     """Held-out accuracy of the current policy (fixed key: the same samples' noise every time),
     and each held-out prompt's accuracy (what a paired before/after comparison needs)."""
-    res = self.engine.generate(self.eval_prompts, self.eval_group_size, self.w.params,
+    res = self.engine.generate(self.eval_prompts, self.loop.eval_group_size, self.w.params,
                                self._key(_EVAL_KEY))
-    g = self.eval_group_size
+    g = self.loop.eval_group_size
     rewards = np.array([self.w.reward_fn(res.response(i), self.eval_answers[i // g])
                         for i in range(len(res.lengths))], np.float32)
     per_prompt = (rewards >= 1.0).reshape(-1, g).mean(axis=1)
@@ -161,8 +180,8 @@ class Trainer:
     ad = self.adaptive
     self.engine.warm_up([(self.prompts_per_step, self.group_size)], self.w.params, lengths,
                         capture_hidden=ad is not None, progress=progress)
-    if self.eval_prompts is not None and self.eval_every:
-      self.engine.warm_up([(len(self.eval_prompts), self.eval_group_size)], self.w.params,
+    if self.eval_prompts is not None and self.loop.eval_every:
+      self.engine.warm_up([(len(self.eval_prompts), self.loop.eval_group_size)], self.w.params,
                           lengths, progress=progress)
     rows = self.prompts_per_step * self.group_size
     self.updater.warm_up(rows, self.prompt_bucket, self.w.params.max_new_tokens)
@@ -291,11 +310,11 @@ class Trainer:
   def hooks(self, writer: RunWriter) -> list[Hook]:
     """The loop's hooks for this run's settings, in the order they run."""
     hooks: list[Hook] = [StopSpotTraining()] if self.adaptive is not None else []
-    if self.eval_prompts is not None and self.eval_every > 0:
-      hooks.append(Evaluation(writer, self.eval_every))
+    if self.eval_prompts is not None and self.loop.eval_every > 0:
+      hooks.append(Evaluation(writer, self.loop.eval_every))
     if self.ckpt is not None:
-      hooks.append(Checkpoints(self.checkpoint_every))
-    if self.export:
+      hooks.append(Checkpoints(self.loop.checkpoint_every))
+    if self.loop.export:
       hooks.append(Export())
     return hooks
 
@@ -323,8 +342,8 @@ class Trainer:
     writer = RunWriter(self.out_dir, resumed)
     hooks = self.hooks(writer)
     history = []
-    bar = tqdm(range(self.step, self.steps), desc="grpo", disable=not progress,
-               initial=self.step, total=self.steps)
+    bar = tqdm(range(self.step, self.steps), desc=self.updater.learner.name,
+               disable=not progress, initial=self.step, total=self.steps)
     try:
       for _ in bar:
         built = compiles.Since()
