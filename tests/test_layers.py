@@ -9,6 +9,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "tlt_jax"
 # of the same rank are independent of each other.
 RANK = {
     "checkpoint": 0, "errors": 0, "hashing": 0, "optim": 0,
+    "typed": 0.5,                  # config sections to typed settings, raising ConfigError
     "models": 1,                   # incl. the sampling primitives every layer above uses
     "spec": 2, "tasks": 2,         # proposer interface, strategies, verification; task data
     "rollout": 3, "sft": 3,        # the engine knows draft models only through spec.proposer

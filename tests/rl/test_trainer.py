@@ -101,7 +101,7 @@ def test_bad_trainer_settings_are_clear_errors(tmp_path):
   with pytest.raises(ValueError, match="prefill bucket"):
     Trainer(workload(), LoopConfig(str(tmp_path), 1, prompts_per_step=4, group_size=4),
             **{**kw, "engine_cfg": engine(prefill_buckets=(4,))})
-  with pytest.raises(ValueError, match="must be >= 1"):
+  with pytest.raises(ValueError, match="steps must be an integer >= 1"):
     LoopConfig(str(tmp_path), 0, prompts_per_step=4, group_size=4)
 
 

@@ -13,6 +13,7 @@ Per RL step the trainer calls, in order:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 
@@ -25,6 +26,7 @@ from tlt_jax.drafter.publish import DrafterPublisher, PublishConfig
 from tlt_jax.drafter.spot import SpotConfig, SpotTrainer
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
 from tlt_jax.drafter.warmup import save_drafter
+from tlt_jax.typed import typed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,11 +38,12 @@ class AdaptiveConfig:
   holdout_rows: int = 16         # segments of each new rollout used to check a candidate
 
   @classmethod
-  def from_dict(cls, d) -> "AdaptiveConfig":
-    d = dict(d)
+  def from_dict(cls, d, key: str = "drafter.adaptive") -> "AdaptiveConfig":
+    """From a config section (`key`: where it sits, for the error messages)."""
     parts = dict(train=DrafterTrainConfig, buffer=BufferConfig, spot=SpotConfig,
                  publish=PublishConfig)
-    return cls(**{k: parts[k](**dict(v)) if k in parts else v for k, v in d.items()})
+    return typed(cls, d, key, **{name: functools.partial(typed, part, key=f"{key}.{name}")
+                                 for name, part in parts.items()})
 
 
 class AdaptiveDrafter:

@@ -103,9 +103,14 @@ class LoopConfig:
   export: bool = False
 
   def __post_init__(self):
-    if self.steps < 1 or self.prompts_per_step < 1 or self.group_size < 1:
-      raise ValueError(f"steps, prompts_per_step and group_size must be >= 1, got {self.steps}, "
-                       f"{self.prompts_per_step}, {self.group_size}.")
+    for name in ("steps", "prompts_per_step", "group_size", "micro_batches"):
+      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}.")
+    mesh = tuple(self.mesh_shape)
+    if len(mesh) != 2 or any(not isinstance(m, int) or m < 1 for m in mesh):
+      raise ValueError(f"mesh_shape must be (data, fsdp) with integers >= 1, got {mesh}.")
+    if min(self.checkpoint_every, self.eval_every) < 0 or self.keep < 1:
+      raise ValueError("checkpoint_every and eval_every must be >= 0 (0: off), keep >= 1.")
 
 
 class Trainer:

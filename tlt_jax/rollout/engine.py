@@ -39,6 +39,7 @@ from tlt_jax.rollout.weights import WeightStore
 from tlt_jax.spec.controller import SpecController
 from tlt_jax.spec.proposer import DraftModel
 from tlt_jax.spec.strategy import SpecConfig
+from tlt_jax.typed import typed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +81,10 @@ class EngineConfig:
       raise ValueError(f"drafter_follow must be 'lazy' or 'eager', got {self.drafter_follow!r}.")
 
   @classmethod
-  def from_dict(cls, d) -> "EngineConfig":
-    d = dict(d)
-    for k in ("batch_buckets", "prefill_buckets"):
-      if k in d:
-        d[k] = tuple(int(x) for x in d[k])
-    return cls(**d)
+  def from_dict(cls, d, key: str = "rollout.engine") -> "EngineConfig":
+    """From a config section (`key`: where it sits, for the error messages)."""
+    buckets = lambda v: tuple(int(x) for x in v)
+    return typed(cls, d, key, batch_buckets=buckets, prefill_buckets=buckets)
 
 
 @dataclasses.dataclass

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from tlt_jax.errors import ConfigError
 from tlt_jax.spec.proposer import get_proposer
+from tlt_jax.typed import typed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +99,14 @@ def strategy_from_tuple(arm) -> Strategy:
     raise ValueError(f"{e} {form}") from None
 
 
-def spec_config_from_dict(d) -> SpecConfig:
-  """A `SpecConfig` from an ml-collections dict whose `arms` are tuples (`strategy_from_tuple`)."""
-  d = dict(d)
-  arms = tuple(strategy_from_tuple(a) for a in d.pop("arms"))
-  return SpecConfig(arms=arms, **d)
+def spec_config_from_dict(d, key: str = "spec") -> SpecConfig:
+  """A `SpecConfig` from a config section whose `arms` are tuples (`strategy_from_tuple`); `key`:
+  where it sits, for the error messages."""
+
+  def arms(tuples):
+    try:
+      return tuple(strategy_from_tuple(a) for a in tuples)
+    except ValueError as e:
+      raise ConfigError(f"config.{key}.arms: {e}") from None
+
+  return typed(SpecConfig, d, key, arms=arms)
