@@ -23,8 +23,8 @@ from ml_collections import config_flags  # noqa: E402
 
 from experiments import launch  # noqa: E402
 from experiments.benchmarks.drafter import accept_len, hidden_state_error  # noqa: E402
+from tlt_jax.rl.config import run_config  # noqa: E402
 from tlt_jax.rl.run import build_trainer  # noqa: E402
-from tlt_jax.rollout.engine import EngineConfig  # noqa: E402
 from tlt_jax.workloads import build_drafter, build_workload  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_drafter.py")
@@ -33,31 +33,31 @@ _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_d
 def main(argv):
   del argv
   c = _CONFIG.value
-  drafter0, _ = build_drafter(c)
-  w = build_workload(c, c.num_prompts, c.seed)
-  held = build_workload(c, c.eval_prompts, c.seed + 7919)
-  ecfg = EngineConfig.from_dict(c.engine)
+  rc, b = run_config(c, other_keys=("bench",)), c.bench
+  drafter0, _ = build_drafter(rc.workload, rc.drafter, rc.seed)
+  w = build_workload(rc.workload, rc.num_prompts, rc.seed)
+  held = build_workload(rc.workload, b.eval_prompts, rc.seed + 7919)
   pad = w.tokenizer.pad_id
 
   def measure(policy, drafter):
-    return accept_len(policy, drafter, held.prompts, c.eval_group_size, w.params, ecfg,
-                      c.measure_depth, pad)
+    return accept_len(policy, drafter, held.prompts, b.eval_group_size, w.params, rc.engine,
+                      b.measure_depth, pad)
 
   initial, _ = measure(w.model, drafter0)
   print(f"[bench_drafter] accepted length of the warm-up drafter on the initial policy: "
         f"{initial:.3f}", flush=True)
   runs = {}
   for name in ("frozen", "adaptive"):
-    rc = c.copy_and_resolve_references()
-    rc.out_dir = os.path.join(c.out_dir, name)
+    run = c.copy_and_resolve_references()
+    run.out_dir = os.path.join(c.out_dir, name)
     if name == "frozen":
-      rc.adaptive = {}
-    trainer = build_trainer(rc)
+      run.drafter.adaptive = {}
+    trainer = build_trainer(run_config(run, other_keys=("bench",)))
     history = trainer.run()
-    if len(history) != c.steps:
-      raise SystemExit(f"{rc.out_dir} already holds a run: delete it to re-run the benchmark.")
+    if len(history) != rc.loop.steps:
+      raise SystemExit(f"{run.out_dir} already holds a run: delete it to re-run the benchmark.")
     runs[name] = (trainer, history)
-    print(f"[bench_drafter] {name}: {c.steps} steps", flush=True)
+    print(f"[bench_drafter] {name}: {rc.loop.steps} steps", flush=True)
   (_, hf), (ta, ha) = runs["frozen"], runs["adaptive"]
   policy = ta.updater.model()
   frozen_final, _ = measure(policy, drafter0)
@@ -65,14 +65,14 @@ def main(argv):
   step_s = lambda h: float(np.mean([m["step_s"] - m["compile_s"] for m in h[1:]]))
   idle = float(sum(m["idle_device_s"] for m in ha))
   out = {
-      "steps": c.steps, "drift": c.drift,
+      "steps": rc.loop.steps, "drift": b.drift,
       "accept_len_initial": round(initial, 4),
       "accept_len_frozen_final": round(frozen_final, 4),
       "accept_len_adaptive_final": round(adaptive_final, 4),
       "frozen_loss_fraction": round(1 - frozen_final / initial, 4),
       "adaptive_kept_fraction": round(adaptive_final / initial, 4),
       "rewards_identical": [m["reward"] for m in hf] == [m["reward"] for m in ha],
-      "hidden_state_max_err": hidden_state_error(policy, held.prompts, c.eval_group_size, res),
+      "hidden_state_max_err": hidden_state_error(policy, held.prompts, b.eval_group_size, res),
       "idle_time_used_fraction": round(float(sum(m["idle_used_s"] for m in ha)) / idle, 4)
       if idle else 0.0,
       "idle_device_s": round(idle, 3),

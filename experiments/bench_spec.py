@@ -14,7 +14,7 @@ from experiments import launch
 from tlt_jax.rollout.engine import EngineConfig
 from experiments.benchmarks import spec as bench
 from tlt_jax.spec.strategy import spec_config_from_dict
-from tlt_jax.workloads import build_drafter, build_workload
+from tlt_jax.workloads import build_drafter, build_workload, drafter_recipe, workload_config
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_spec_tiny.py")
 
@@ -22,34 +22,34 @@ _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_s
 def main(argv):
   del argv
   c = _CONFIG.value
+  wc, ecfg, b = workload_config(c), EngineConfig.from_dict(c.rollout.engine), c.bench
   spec = spec_config_from_dict(c.spec)
   # The arm sweep may try arms the bandit is not given (`sweep_arms`).
-  sweep_spec = spec_config_from_dict({**c.spec, "arms": c.get("sweep_arms") or c.spec.arms})
+  sweep_spec = spec_config_from_dict({**c.spec, "arms": b.sweep_arms or c.spec.arms})
   drafter = None
   if any(a.uses_drafter for a in sweep_spec.arms + spec.arms):  # this policy's warm-up drafter
-    drafter, meta = build_drafter(c)
+    drafter, meta = build_drafter(wc, drafter_recipe(c.drafter, ("adaptive",)), c.seed)
     print(f"drafter: {meta['cache']}")
-  w = build_workload(c, c.num_prompts, c.seed)
-  ecfg = EngineConfig.from_dict(c.engine)
+  w = build_workload(wc, b.num_prompts, c.seed)
   key = jax.random.key(c.seed)
-  args = (w.model, w.prompts, c.group_size)
-  sampled = bench.compare(*args, w.params, ecfg, spec, key, w.tokenizer.pad_id, c.repeats,
+  args = (w.model, w.prompts, b.group_size)
+  sampled = bench.compare(*args, w.params, ecfg, spec, key, w.tokenizer.pad_id, b.repeats,
                           drafter=drafter)
-  print(f"temperature {c.temperature}: {json.dumps(sampled)}")
+  print(f"temperature {wc.temperature}: {json.dumps(sampled)}")
   greedy = bench.compare(*args, bench.greedy_params(w.params), ecfg, spec, key,
-                         w.tokenizer.pad_id, c.repeats, drafter=drafter)
+                         w.tokenizer.pad_id, b.repeats, drafter=drafter)
   print(f"greedy: {json.dumps(greedy)}")
   sweep = []
-  if c.get("sweep_rows"):
-    sweep = bench.arm_sweep(w.model, w.prompts, tuple(c.sweep_rows), w.params, ecfg, sweep_spec,
-                            key, w.tokenizer.pad_id, c.repeats, drafter=drafter)
-    print(f"arms alone at temperature {c.temperature}, by rows at the start:")
+  if b.sweep_rows:
+    sweep = bench.arm_sweep(w.model, w.prompts, tuple(b.sweep_rows), w.params, ecfg, sweep_spec,
+                            key, w.tokenizer.pad_id, b.repeats, drafter=drafter)
+    print(f"arms alone at temperature {wc.temperature}, by rows at the start:")
     print(" rows  arm                       plain s     SD s   speedup  accept  identical")
     for r in sweep:
       print(f"{r['rows']:5d}  {r['arm']:24s} {r['plain_s']:8.3f} {r['sd_s']:8.3f} "
             f"{r['speedup'] or float('nan'):9.3f} {r['accept_len']:7.2f}  {r['identical']}")
-  out = {"model": c.model, "rule": spec.rule, "threshold": spec.threshold,
-         "rows": c.num_prompts * c.group_size, "temperature": c.temperature,
+  out = {"model": wc.name, "rule": spec.rule, "threshold": spec.threshold,
+         "rows": b.num_prompts * b.group_size, "temperature": wc.temperature,
          "sd_phase_speedup": sampled["sd_phase_speedup"],
          "rollout_speedup": sampled["rollout_speedup"], "accept_len": sampled["accept_len"],
          "accept_len_greedy": greedy["accept_len"], "greedy_exact": greedy["identical"],

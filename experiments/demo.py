@@ -21,7 +21,8 @@ from experiments import launch  # noqa: E402
 from tlt_jax import sft  # noqa: E402
 from tlt_jax.evaluation import evaluate_task  # noqa: E402
 from tlt_jax.hashing import provenance  # noqa: E402
-from tlt_jax.rl.run import check_config, run_pair  # noqa: E402
+from tlt_jax.rl.config import run_config  # noqa: E402
+from tlt_jax.rl.run import run_pair  # noqa: E402
 from tlt_jax.tasks.arithmetic import TaskConfig  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/demo.py")
@@ -31,21 +32,24 @@ def main(argv):
   del argv
   c = _CONFIG.value
   start = time.time()
+  c.warm_start.cache_dir = c.warm_start.cache_dir or c.cache_dir
+  runs = []
   for name in ("baseline", "tlt"):  # the demo's own warm start, caches and run directories
-    c[name].sft = c.sft
+    c[name].model.warm_start = c.warm_start
     c[name].out_dir = os.path.join(c.out_dir, name)
-    c[name].cache_dir = c.sft.cache_dir
-    check_config(c[name])  # both runs' settings, before the warm start
-  model, summary = sft.warm_start(c.sft)
+    c[name].cache_dir = c.cache_dir
+    runs.append(run_config(c[name]))  # both runs' settings, checked before the warm start
+  model, summary = sft.warm_start(c.warm_start)
   print(f"[demo] warm start {provenance(summary)}: {summary['cache']}")
   ev = c.eval
-  stats = evaluate_task(model, TaskConfig.from_dict(c.sft.task), num_prompts=ev.num_prompts,
-                        group_size=ev.group_size, temperature=ev.temperature, seed=ev.seed)
+  stats = evaluate_task(model, TaskConfig.from_dict(c.warm_start.task),
+                        num_prompts=ev.num_prompts, group_size=ev.group_size,
+                        temperature=ev.temperature, seed=ev.seed)
   print(f"[demo] warm start, {ev.num_prompts} prompts x {ev.group_size} samples at temperature "
         f"{ev.temperature}: accuracy {stats['accuracy']:.3f}, response length p50 "
         f"{stats['length_p50']:.0f} / p99 {stats['length_p99']:.0f}, mixed-reward groups "
         f"{stats['mixed_group_fraction']:.2f}")
-  pair = run_pair(c.baseline, c.tlt)
+  pair = run_pair(*runs)
   print(f"[demo] GRPO, {pair['baseline_steps']} steps: held-out accuracy "
         f"{pair['heldout_before']:.3f} -> {pair['heldout_after']:.3f} on "
         f"{pair['heldout_prompts']} prompts (change {pair['heldout_gain']:+.3f}, standard error "

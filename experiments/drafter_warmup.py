@@ -21,7 +21,7 @@ from tlt_jax.drafter.warmup import ship_drafter
 from tlt_jax.hashing import provenance
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig, Strategy
-from tlt_jax.workloads import build_drafter, build_workload
+from tlt_jax.workloads import build_drafter, build_workload, drafter_recipe, workload_config
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/drafter_tiny.py")
 _SHIP = flags.DEFINE_bool("ship", False, "Also write the drafter into the package's assets.")
@@ -30,8 +30,10 @@ _SHIP = flags.DEFINE_bool("ship", False, "Also write the drafter into the packag
 def main(argv):
   del argv
   c = _CONFIG.value
-  drafter, meta = build_drafter(c)
-  w = build_workload(c, c.eval_prompts, c.seed + 2)  # held-out prompts
+  wc, recipe = workload_config(c), drafter_recipe(c.drafter, ("adaptive", "eval_prompts"))
+  ecfg = EngineConfig.from_dict(c.rollout.engine)
+  drafter, meta = build_drafter(wc, recipe, c.seed)
+  w = build_workload(wc, c.drafter.eval_prompts, c.seed + 2)  # held-out prompts
   eval_prompts = w.prompts
   print(f"drafter {provenance(meta)}: {meta['cache']}")
   if _SHIP.value and not meta["shipped"]:
@@ -41,7 +43,7 @@ def main(argv):
                        (f"t{w.params.temperature:g}", w.params)):
     spec = SpecConfig(threshold=10**6, arms=(Strategy("eagle", depth=4),), min_accept_len=0.0,
                       rule="coupled")
-    engine = RolloutEngine(w.model, EngineConfig.from_dict(c.engine), pad_id=w.tokenizer.pad_id,
+    engine = RolloutEngine(w.model, ecfg, pad_id=w.tokenizer.pad_id,
                            spec=spec, drafter=EagleProposer(drafter))
     engine.generate(eval_prompts, 1, params, jax.random.key(c.seed))
     accept[f"accept_len_{name}_heldout"] = round(engine.spec.accept_len(), 3)

@@ -12,14 +12,16 @@ import json
 from ml_collections import config_flags
 
 from experiments import launch
-from tlt_jax.rl.run import run_from_config
+from tlt_jax.rl.config import run_config
+from tlt_jax.rl.run import run
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/tiny_baseline.py")
 
 
 def main(argv):
   del argv
-  print(json.dumps(run_from_config(_CONFIG.value)))
+  rc = run_config(_CONFIG.value, other_keys=("sweep",))  # every setting checked first
+  print(json.dumps(run(rc)))
 
 
 if __name__ == "__main__":

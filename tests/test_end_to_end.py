@@ -41,7 +41,7 @@ def test_demo_meets_the_task_properties_and_runs_tlt_against_a_baseline(tmp_path
 def test_bench_rollout_small(tmp_path):
   out = last_json(run_module("experiments.bench_rollout",
                              "--config=experiments/configs/bench_rollout.py:small",
-                             f"--config.sft.cache_dir={tmp_path}"))
+                             f"--config.cache_dir={tmp_path}"))
   assert out["greedy_exact"] is True and out["layout_invariant"] is True
   assert out["pool_executables"] >= 2 and out["cold_compile_s"] > 0
 
@@ -65,7 +65,7 @@ def test_bench_spec_small(tmp_path):
   checks the same at its cheaper compile level)."""
   out = last_json(run_module("experiments.bench_spec",
                              "--config=experiments/configs/bench_spec_tiny.py:small",
-                             f"--config.sft.cache_dir={tmp_path}", fast_compile=False))
+                             f"--config.cache_dir={tmp_path}", fast_compile=False))
   assert out["greedy_exact"] is True and out["coupled_identical"] is True
   assert out["accept_len"] >= 1.0
 
@@ -76,8 +76,7 @@ def test_train_grpo_small_tlt_is_the_same_run_as_the_baseline_and_the_notebooks_
   for name in ("tiny_baseline", "tiny_tlt"):
     outs.append(last_json(run_module(
         "experiments.train_grpo", f"--config=experiments/configs/{name}.py:small",
-        f"--config.out_dir={tmp_path / name}", f"--config.sft.cache_dir={tmp_path}",
-        f"--config.cache_dir={tmp_path}")))
+        f"--config.out_dir={tmp_path / name}", f"--config.cache_dir={tmp_path}")))
   assert outs[0]["steps"] == outs[1]["steps"] == 3
   assert "eval_accuracy_first" in outs[0] and "eval_accuracy_final" in outs[0]
   cmp = last_json(run_module("experiments.compare_runs", str(tmp_path / "tiny_baseline"),
@@ -101,8 +100,8 @@ def test_train_grpo_small_tlt_is_the_same_run_as_the_baseline_and_the_notebooks_
 @pytest.mark.timeout(1500)
 def test_a_run_killed_with_sigkill_resumes_the_same_trajectory(tmp_path):
   common = ["--config=experiments/configs/tiny_baseline.py:small",
-            f"--config.sft.cache_dir={tmp_path}", "--config.steps=5",
-            "--config.optim.total_steps=5", "--config.checkpoint_every=1", "--config.eval_every=0"]
+            f"--config.cache_dir={tmp_path}", "--config.train.steps=5",
+            "--config.train.checkpoint_every=1", "--config.train.eval_every=0"]
   straight = tmp_path / "straight"
   last_json(run_module("experiments.train_grpo", *common, f"--config.out_dir={straight}"))
   killed = tmp_path / "killed"

@@ -65,11 +65,12 @@ def test_a_bad_command_line_is_one_line_naming_the_key_and_the_nearest_known_one
 
 def test_a_bad_run_setting_is_one_line_before_any_work(tmp_path):
   """Checked before the warm start loads: a bad value, an unknown learner or workload."""
-  for override, expect in (("--config.temperature=-1.0", "config: temperature must be >= 0"),
-                           ("--config.learner=gpso", "config.learner: config.learner='gpso' is "
-                                                     "not a learner; available: grpo, gspo"),
-                           ("--config.model=tinny", "(did you mean 'tiny'?)"),
-                           ("--config.optim.lr=0.0", "config.optim: lr must be > 0")):
+  for override, expect in (("--config.rollout.temperature=-1.0",
+                            "config.rollout: temperature must be >= 0"),
+                           ("--config.rl.learner=gpso", "config.rl.learner='gpso' is not a "
+                                                        "learner; available: grpo, gspo"),
+                           ("--config.model.name=tinny", "(did you mean 'tiny'?)"),
+                           ("--config.rl.optim.lr=0.0", "config.rl.optim: lr must be > 0")):
     proc = run_module("experiments.train_grpo",
                       "--config=experiments/configs/tiny_baseline.py:small",
                       f"--config.out_dir={tmp_path}/run", override)

@@ -19,7 +19,7 @@ from tlt_jax.hashing import content_digest
 from tlt_jax.models import get_preset, init_model
 from tlt_jax.models.pretrained import save_pretrained
 from tlt_jax.models.tokenizer import CharTokenizer
-from tlt_jax.workloads import build_drafter, drafter_key
+from tlt_jax.workloads import build_drafter, drafter_key, drafter_recipe, workload_config
 
 
 def test_the_shipped_warm_start_is_sft_tiny_s_recipe_on_the_tiny_preset():
@@ -59,9 +59,10 @@ def test_a_shipped_folder_round_trips_through_save_pretrained(tmp_path):
 
 def test_the_demo_s_warm_up_drafter_is_shipped():
   c = demo.get_config("drafter")
-  key = drafter_key(c)
+  wc, recipe = workload_config(c), drafter_recipe(c.drafter, ("adaptive", "eval_prompts"))
+  key = drafter_key(wc, recipe, c.seed)
   assert sorted(os.listdir(warmup.SHIPPED_ROOT)) == [key]  # no stale drafters ship
-  drafter, meta = build_drafter(c, progress=False)
+  drafter, meta = build_drafter(wc, recipe, c.seed, progress=False)
   assert meta["shipped"] and meta["key"] == key and meta["top1_agreement"] > 0.5
   assert drafter.target_cfg == get_preset("tiny")
 

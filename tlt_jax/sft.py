@@ -60,18 +60,19 @@ def cache_path(config: ml_collections.ConfigDict) -> str:
   return os.path.join(root, "warmstart", f"{config.model}-{_fingerprint(config)}")
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
-  """Clear errors for bad SFT settings, before any work."""
+def validate(config: ml_collections.ConfigDict, key: str = "config") -> None:
+  """Clear errors for bad SFT settings, before any work (`key`: where the recipe sits in the
+  launcher's config, for the messages)."""
   get_preset(config.model)
   arithmetic.TaskConfig.from_dict(config.task)
   t = config.train
   for name in ("steps", "tokens_per_batch"):
     if int(t[name]) < 1:
-      raise ConfigError(f"config.train.{name} must be >= 1, got {t[name]}.")
+      raise ConfigError(f"{key}.train.{name} must be >= 1, got {t[name]}.")
   if not t.lr > 0:
-    raise ConfigError(f"config.train.lr must be > 0, got {t.lr}.")
+    raise ConfigError(f"{key}.train.lr must be > 0, got {t.lr}.")
   if t.tokens_per_batch < LENGTH_BUCKETS[-1]:
-    raise ConfigError(f"config.train.tokens_per_batch must be >= {LENGTH_BUCKETS[-1]}.")
+    raise ConfigError(f"{key}.train.tokens_per_batch must be >= {LENGTH_BUCKETS[-1]}.")
 
 
 def _bucket_batches(problems, tok, tokens_per_batch: int, rng: np.random.Generator):

@@ -21,7 +21,7 @@ def grid_points(grid: dict) -> list[dict]:
 
 
 def point_name(point: dict) -> str:
-  """A directory name for a grid point, e.g. `optim.lr=0.0002,seed=1`."""
+  """A directory name for a grid point, e.g. `rl.optim.lr=0.0002,seed=1`."""
   name = ",".join(f"{k}={v}" for k, v in point.items())
   return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", name)
 

@@ -1,12 +1,14 @@
-"""Workloads by name, built from a config: `tiny` on the built-in task (warm-started policy) and
-`smollm2` on the procedural word problems; `register_workload` adds one. Used by the benchmarks
-and the trainer."""
+"""Workloads by name, built from a run config's `model`, `task` and `rollout` sections: `tiny` on
+the built-in task (warm-started policy) and `smollm2` on the procedural word problems;
+`register_workload` adds one. Also the warm-up drafter's recipe (the `drafter` section). Used by
+the benchmarks and the trainer."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import ml_collections
 
@@ -14,6 +16,7 @@ from tlt_jax import sft
 from tlt_jax.drafter.model import DrafterConfig
 from tlt_jax.drafter.train import DrafterTrainConfig
 from tlt_jax.drafter.warmup import WarmupConfig, warm_up, warmup_key
+from tlt_jax.errors import ConfigError
 from tlt_jax.evaluation import task_lengths
 from tlt_jax.models.pretrained import load_pretrained
 from tlt_jax.models.sampling import SamplingParams
@@ -22,6 +25,7 @@ from tlt_jax.tasks import arithmetic
 from tlt_jax.tasks.math_answers import verify
 from tlt_jax.tasks.math_data import chat_prompt
 from tlt_jax.tasks.word_problems import WordProblemConfig, make_word_problems
+from tlt_jax.typed import check_keys, typed
 
 
 @dataclasses.dataclass
@@ -35,22 +39,47 @@ class Workload:
 
 
 @dataclasses.dataclass(frozen=True)
+class WorkloadConfig:
+  """A workload as a config's sections give it: the registered `name` (`model.name`), the
+  starting policy's recipe (`model.warm_start`: `tiny`'s SFT warm start, whose cache follows the
+  run's `cache_dir` unless it names its own), the `task` settings (`reward`, the training pool's
+  `difficulty` mix, and the workload's own) and the rollout's sampling."""
+
+  name: str
+  task: Mapping
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  max_new_tokens: int = 0  # 0: the task's own maximum
+  warm_start: Any = None
+  cache_dir: str = ""
+
+  @property
+  def reward(self) -> str:
+    return self.task["reward"]
+
+
+@dataclasses.dataclass(frozen=True)
 class WorkloadKind:
-  """A workload by name: the rewards it offers (the first is the default), its starting policy
-  `policy(c, progress)` -> (model, tokenizer, summary) (a cached stage: `tiny`'s SFT warm start),
-  and its prompts `build(c, tokenizer, num_prompts, seed, difficulty, reward)` -> (prompts,
-  answers, max_new_tokens, reward_fn)."""
+  """A workload by name: its task settings with their defaults (the first reward in `rewards` is
+  the default one), its starting policy `policy(wc, progress)` -> (model, tokenizer, summary) (a
+  cached stage: `tiny`'s SFT warm start), and its prompts `build(wc, tokenizer, num_prompts, seed,
+  difficulty)` -> (prompts, answers, max_new_tokens, reward_fn). `warm_start`: whether its model
+  section carries a warm-start recipe (checked by `check_warm_start`)."""
 
   rewards: tuple[str, ...]
+  task: Mapping
   policy: Callable
   build: Callable
+  check_warm_start: Callable | None = None
 
 
 WORKLOADS: dict[str, WorkloadKind] = {}
+_SAMPLING = ("temperature", "top_k", "top_p", "max_new_tokens")
 
 
 def register_workload(name: str, kind: WorkloadKind) -> None:
-  """Makes `config.model = name` build this workload."""
+  """Makes `config.model.name = name` build this workload."""
   WORKLOADS[name] = kind
 
 
@@ -58,81 +87,114 @@ def get_workload(name: str) -> WorkloadKind:
   if name not in WORKLOADS:
     near = difflib.get_close_matches(str(name), WORKLOADS, n=1)
     hint = f" (did you mean {near[0]!r}?)" if near else ""
-    raise ValueError(f"config.model={name!r} is not a workload{hint}; known: "
-                     f"{', '.join(sorted(WORKLOADS))}.")
+    raise ConfigError(f"config.model.name={name!r} is not a workload{hint}; known: "
+                      f"{', '.join(sorted(WORKLOADS))}.")
   return WORKLOADS[name]
 
 
-def reward_name(c: ml_collections.ConfigDict) -> str:
-  """`c.reward`, checked against what `c.model`'s workload offers (default: its first)."""
-  kind = get_workload(c.model)
-  name = c.get("reward", kind.rewards[0])
-  if name not in kind.rewards:
-    raise ValueError(f"config.reward={name!r}: the {c.model} workload offers "
-                     f"{', '.join(map(repr, kind.rewards))}.")
-  return name
+def workload_config(c: ml_collections.ConfigDict, rollout_keys=("engine",)) -> WorkloadConfig:
+  """The workload of config `c`, checked before any work: `c.model` (name, warm start), `c.task`
+  (keys the workload knows; a reward it offers) and the sampling settings of `c.rollout` (whose
+  other keys must be among `rollout_keys`)."""
+  model = check_keys(c.model, "model", ("name", "warm_start"))
+  kind = get_workload(model.get("name"))
+  task = dict(kind.task, **check_keys(c.get("task"), "task", kind.task))
+  if task["reward"] not in kind.rewards:
+    raise ConfigError(f"config.task.reward={task['reward']!r}: the {model['name']} workload "
+                      f"offers {', '.join(map(repr, kind.rewards))}.")
+  sampling = check_keys(c.rollout, "rollout", _SAMPLING + tuple(rollout_keys))
+  warm_start = model.get("warm_start")
+  if kind.check_warm_start is None and warm_start:
+    raise ConfigError(f"config.model.warm_start: the {model['name']} workload starts from its "
+                      "pretrained model; remove the warm start.")
+  if kind.check_warm_start is not None:
+    if not warm_start:
+      raise ConfigError(f"config.model.warm_start: the {model['name']} workload needs its "
+                        "warm-start recipe (see experiments/configs/base.py).")
+    warm_start = warm_start.copy_and_resolve_references()
+    warm_start.cache_dir = warm_start.get("cache_dir") or c.get("cache_dir", "")
+    kind.check_warm_start(warm_start)
+  wc = WorkloadConfig(name=model["name"], task=task, warm_start=warm_start,
+                      cache_dir=c.get("cache_dir", ""),
+                      **{k: sampling[k] for k in _SAMPLING if k in sampling})
+  try:
+    sampling_params(wc, wc.max_new_tokens or 1, eos_id=0)
+  except ValueError as e:
+    raise ConfigError(f"config.rollout: {e}") from None
+  return wc
 
 
-def _tiny_policy(c, progress: bool):
-  model, summary = sft.warm_start(c.sft, progress=progress)
+def sampling_params(wc: WorkloadConfig, max_new_tokens: int, eos_id: int) -> SamplingParams:
+  return SamplingParams(temperature=wc.temperature, top_k=wc.top_k, top_p=wc.top_p,
+                        max_new_tokens=max_new_tokens, stop_tokens=(eos_id,))
+
+
+def _tiny_policy(wc: WorkloadConfig, progress: bool):
+  model, summary = sft.warm_start(wc.warm_start, progress=progress)
   return model, CharTokenizer(model.cfg.vocab_size), summary
 
 
-def _tiny(c, tok, num_prompts: int, seed: int, difficulty: dict, reward: str):
-  task = arithmetic.TaskConfig.from_dict(c.sft.task)
+def _tiny(wc: WorkloadConfig, tok, num_prompts: int, seed: int, difficulty: dict):
+  task = arithmetic.TaskConfig.from_dict(wc.warm_start.task)
   _, max_new = task_lengths(task)
   problems = arithmetic.make_problems(num_prompts, narrowed(task, difficulty), seed=seed)
   prompts = [arithmetic.encode_prompt(tok, p) for p in problems]
-  if reward == "answer":
+  if wc.reward == "answer":
     reward_fn = lambda ids, p: arithmetic.reward(tok.decode(ids), p.answer)
   else:  # "progress": partial credit for the scratchpad steps before the first error
     reward_fn = lambda ids, p: arithmetic.progress_reward(tok.decode(ids), p)
   return prompts, problems, max_new, reward_fn
 
 
-def _smollm2_policy(c, progress: bool):
-  del c, progress
+def _smollm2_policy(wc: WorkloadConfig, progress: bool):
+  del wc, progress
   model, tok = load_pretrained("smollm2")
   return model, tok, {"cache": "smollm2", "cached": True}
 
 
-def _smollm2(c, tok, num_prompts: int, seed: int, difficulty: dict, reward: str):
-  del reward  # only "answer"
+def _smollm2(wc: WorkloadConfig, tok, num_prompts: int, seed: int, difficulty: dict):
   problems = make_word_problems(
-      num_prompts, narrowed(WordProblemConfig(**c.word_problems), difficulty), seed)
-  prompts = [tok.encode(chat_prompt(tok, p.question, c.instruction)) for p in problems]
+      num_prompts, narrowed(WordProblemConfig(**wc.task["word_problems"]), difficulty), seed)
+  prompts = [tok.encode(chat_prompt(tok, p.question, wc.task["instruction"])) for p in problems]
   reward_fn = lambda ids, ans: verify(tok.decode(ids), ans)
-  return prompts, [p.answer for p in problems], c.max_new_tokens, reward_fn
+  return prompts, [p.answer for p in problems], wc.max_new_tokens, reward_fn
 
 
-register_workload("tiny", WorkloadKind(("answer", "progress"), _tiny_policy, _tiny))
-register_workload("smollm2", WorkloadKind(("answer",), _smollm2_policy, _smollm2))
+register_workload("tiny", WorkloadKind(
+    rewards=("answer", "progress"),  # progress: partial credit for the steps before an error
+    task={"reward": "answer", "difficulty": {}}, policy=_tiny_policy, build=_tiny,
+    check_warm_start=lambda ws: sft.validate(ws, "config.model.warm_start")))
+register_workload("smollm2", WorkloadKind(
+    rewards=("answer",),
+    task={"reward": "answer", "difficulty": {},
+          "word_problems": {"min_steps": 1, "max_steps": 2, "max_value": 20},
+          # A 135M model given GSM8K's '####' instruction rambles past any length limit; asked to
+          # be brief it states its answer (which the verifier reads).
+          "instruction": "Answer briefly."},
+    policy=_smollm2_policy, build=_smollm2))
 
 
-def starting_policy(c: ml_collections.ConfigDict, progress: bool = True):
-  """`c.model`'s policy before RL: (model, tokenizer, summary). For `tiny` the SFT warm start:
+def starting_policy(wc: WorkloadConfig, progress: bool = True):
+  """The workload's policy before RL: (model, tokenizer, summary). For `tiny` the SFT warm start:
   shipped, cached, or trained and cached (`summary` says which)."""
-  return get_workload(c.model).policy(c, progress)
+  return get_workload(wc.name).policy(wc, progress)
 
 
-def build_workload(c: ml_collections.ConfigDict, num_prompts: int, seed: int,
-                   difficulty: dict | None = None, *, policy=None) -> Workload:
-  """Model, tokenised prompts, answers, sampling params and reward for `c.model`.
+def build_workload(wc: WorkloadConfig, num_prompts: int, seed: int,
+                   difficulty: Mapping | None = None, *, policy=None) -> Workload:
+  """Model, tokenised prompts, answers, sampling params and reward of `num_prompts` problems
+  drawn with `seed`.
 
-  `policy` is `starting_policy(c)`'s (model, tokenizer, ...), found again when not given.
+  `policy` is `starting_policy(wc)`'s (model, tokenizer, ...), found again when not given.
 
   `difficulty` overrides fields of the task's problem generator (`tiny`: `TaskConfig`, e.g.
   `min_steps`/`max_steps`; `smollm2`: `WordProblemConfig`) for these prompts only, e.g. an RL
   prompt pool focused where groups get mixed rewards; lengths and sampling stay the task's own.
   """
-  model, tok = (policy or starting_policy(c, progress=False))[:2]
-  prompts, answers, max_new, reward_fn = get_workload(c.model).build(
-      c, tok, num_prompts, seed, dict(difficulty or {}), reward_name(c))
-  if c.get("max_new_tokens"):
-    max_new = c.max_new_tokens
-  params = SamplingParams(temperature=c.temperature, top_k=c.get("top_k", 0),
-                          top_p=c.get("top_p", 1.0), max_new_tokens=max_new,
-                          stop_tokens=(tok.eos_id,))
+  model, tok = (policy or starting_policy(wc, progress=False))[:2]
+  prompts, answers, max_new, reward_fn = get_workload(wc.name).build(
+      wc, tok, num_prompts, seed, dict(difficulty or {}))
+  params = sampling_params(wc, wc.max_new_tokens or max_new, tok.eos_id)
   return Workload(model, tok, prompts, answers, params, reward_fn)
 
 
@@ -154,25 +216,43 @@ def narrowed(task, difficulty: dict):
   return mix
 
 
-def _drafter_warmup(c: ml_collections.ConfigDict, policy=None):
-  """What `c`'s warm-up drafter is made from: the workload of `c.warmup_prompts` prompts (seed + 1)
-  and the drafter, training and warm-up configs."""
-  w = build_workload(c, c.warmup_prompts, c.seed + 1, policy=policy)
-  dcfg = DrafterConfig(**{k: tuple(v) if k == "feature_layers" else v
-                          for k, v in c.drafter.items()})
-  return w, dcfg, DrafterTrainConfig(**c.drafter_train), WarmupConfig(**c.warmup)
+@dataclasses.dataclass(frozen=True)
+class DrafterRecipe:
+  """How a policy's warm-up EAGLE drafter is made (a config's `drafter` section): trained on the
+  policy's rollouts of `warmup_prompts` prompts (the run's seed + 1) with `model`, `train` and
+  `warmup`."""
+
+  model: DrafterConfig
+  train: DrafterTrainConfig
+  warmup: WarmupConfig
+  warmup_prompts: int = 64
 
 
-def drafter_key(c: ml_collections.ConfigDict) -> str:
-  """The key under which `c`'s warm-up drafter is cached or shipped (nothing is trained)."""
-  w, dcfg, tcfg, wcfg = _drafter_warmup(c)
-  return warmup_key(w.model, w.prompts, w.params, dcfg, tcfg, wcfg)
+def drafter_recipe(section: Mapping, other_keys=()) -> DrafterRecipe:
+  """The `drafter` section's recipe, checked (`other_keys`: the section's keys that are not the
+  recipe's, e.g. `adaptive`, read by the caller)."""
+  d = check_keys(section, "drafter", ("model", "train", "warmup", "warmup_prompts", *other_keys))
+  return DrafterRecipe(model=typed(DrafterConfig, d.get("model"), "drafter.model"),
+                       train=typed(DrafterTrainConfig, d.get("train"), "drafter.train"),
+                       warmup=typed(WarmupConfig, d.get("warmup"), "drafter.warmup"),
+                       warmup_prompts=int(d.get("warmup_prompts", 64)))
 
 
-def build_drafter(c: ml_collections.ConfigDict, progress: bool = True, *, policy=None):
-  """The warm-up EAGLE drafter of `c`'s policy (shipped, cached, or trained on rollouts of
-  `c.warmup_prompts` prompts with `c.drafter`, `c.drafter_train` and `c.warmup`); returns
-  (drafter, meta). `policy`: as for `build_workload`."""
-  w, dcfg, tcfg, wcfg = _drafter_warmup(c, policy)
-  return warm_up(w.model, w.prompts, w.params, pad_id=w.tokenizer.pad_id, dcfg=dcfg, tcfg=tcfg,
-                 wcfg=wcfg, cache_root=c.cache_dir or sft.default_cache_dir(), progress=progress)
+def _drafter_warmup(wc: WorkloadConfig, recipe: DrafterRecipe, seed: int, policy=None):
+  return build_workload(wc, recipe.warmup_prompts, seed + 1, policy=policy)
+
+
+def drafter_key(wc: WorkloadConfig, recipe: DrafterRecipe, seed: int) -> str:
+  """The key under which the warm-up drafter is cached or shipped (nothing is trained)."""
+  w = _drafter_warmup(wc, recipe, seed)
+  return warmup_key(w.model, w.prompts, w.params, recipe.model, recipe.train, recipe.warmup)
+
+
+def build_drafter(wc: WorkloadConfig, recipe: DrafterRecipe, seed: int, progress: bool = True, *,
+                  policy=None):
+  """The warm-up EAGLE drafter of the workload's policy: shipped, cached, or trained by `recipe`
+  on rollouts of its prompts; returns (drafter, meta). `policy`: as for `build_workload`."""
+  w = _drafter_warmup(wc, recipe, seed, policy)
+  return warm_up(w.model, w.prompts, w.params, pad_id=w.tokenizer.pad_id, dcfg=recipe.model,
+                 tcfg=recipe.train, wcfg=recipe.warmup,
+                 cache_root=wc.cache_dir or sft.default_cache_dir(), progress=progress)

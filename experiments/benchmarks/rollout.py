@@ -108,8 +108,8 @@ def compile_seconds_in_fresh_processes(module: str, config_arg: str, cache_dir: 
   out = []
   for _ in range(2):
     proc = subprocess.run([sys.executable, "-m", module, config_arg,
-                           f"--config.engine.compile_cache_dir={cache_dir}",
-                           "--config.compile_probe=True"],
+                           f"--config.rollout.engine.compile_cache_dir={cache_dir}",
+                           "--config.bench.compile_probe=True"],
                           capture_output=True, text=True, env=dict(os.environ))
     if proc.returncode != 0:
       raise RuntimeError(f"compile probe failed:\n{proc.stderr[-2000:]}")

@@ -6,24 +6,20 @@ Run:
 
 import ml_collections
 
-from experiments.configs import bench_rollout
+from experiments.configs import base
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  c = bench_rollout.get_config()
-  c.model = "smollm2"
-  c.num_prompts = 8
-  c.group_size = 4
-  c.temperature = 0.9
-  c.max_new_tokens = 256
-  c.engine.batch_buckets = (1, 2, 4, 8, 16, 32)
-  c.engine.max_batch = 32
-  c.engine.prefill_buckets = (64, 128, 256)
-  c.engine.steps_per_dispatch = 8
-  c.hf_compare = True
-  c.dispatch_sweep = ()
-  if variant == "small":
-    c.num_prompts, c.group_size, c.max_new_tokens, c.hf_new_tokens = 2, 2, 8, 4
-  elif variant:
+  if variant not in ("", "small"):
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
+  small = variant == "small"
+  c = ml_collections.ConfigDict()
+  c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
+  c.seed = 7
+  c.model = base.smollm2_model()
+  c.task = base.word_problems_task()
+  c.rollout = base.smollm2_rollout(small)
+  c.bench = ml_collections.ConfigDict(dict(
+      num_prompts=2 if small else 8, group_size=2 if small else 4, layout_pool_prompts=512,
+      compile_probe=False, dispatch_sweep=(), hf_compare=True, hf_new_tokens=4 if small else 32))
   return c

@@ -20,21 +20,25 @@ The `unrolled` variant uses the drafter of `drafter_smollm2.py:unrolled`:
 
 import ml_collections
 
-from experiments.configs import drafter_smollm2
+from experiments.configs import base
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  c = drafter_smollm2.get_config({"small": "small", "unrolled": "unrolled"}.get(variant, ""))
-  c.spec = ml_collections.ConfigDict(dict(
-      threshold=2, rule="coupled", epsilon=0.1, window=300, min_accept_len=1.05,
-      health_window=64, seed=0,
-      # (proposer, depth, ngram) chains; ('tree', depth, topk, nodes) EAGLE-2 trees
-      arms=(("eagle", 3, 0), ("suffix", 3, 3), ("plain", 1, 0))))
-  c.repeats = 2
-  c.sweep_rows = (1, 2, 4)  # each arm alone from these live batches: speedup against batch size
-  c.sweep_arms = (("eagle", 3, 0), ("tree", 3, 2, 4), ("tree", 4, 3, 8), ("suffix", 3, 3))
+  if variant not in ("", "small", "rejection", "unrolled"):
+    raise ValueError(f"Unknown variant {variant!r}; use '', 'small', 'rejection' or 'unrolled'.")
+  small = variant == "small"
+  c = ml_collections.ConfigDict()
+  c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
+  c.seed = 7
+  c.model = base.smollm2_model()
+  c.task = base.word_problems_task()
+  c.rollout = base.smollm2_rollout(small)
+  c.drafter = base.smollm2_drafter(small, unrolled=variant == "unrolled")  # cached
+  c.spec = base.spec(threshold=2, arms=(("eagle", 3, 0), ("suffix", 3, 3), ("plain", 1, 0)))
   if variant == "rejection":
     c.spec.rule = "rejection"
-  elif variant not in ("", "small", "unrolled"):
-    raise ValueError(f"Unknown variant {variant!r}; use '', 'small', 'rejection' or 'unrolled'.")
+  c.bench = ml_collections.ConfigDict(dict(
+      num_prompts=2 if small else 8, group_size=2 if small else 4, repeats=2,
+      sweep_rows=(1, 2, 4),  # each arm alone from these live batches: speedup against batch size
+      sweep_arms=(("eagle", 3, 0), ("tree", 3, 2, 4), ("tree", 4, 3, 8), ("suffix", 3, 3))))
   return c

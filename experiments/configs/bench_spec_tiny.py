@@ -1,4 +1,5 @@
-"""Speculative-decoding benchmark on the `tiny` long-tail workload (suffix proposer).
+"""Speculative-decoding benchmark on the `tiny` long-tail workload: the EAGLE chains of 3 and 6
+with tiny_tlt's warm-up drafter, and the suffix chain.
 
 Run:
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_tiny.py
@@ -8,22 +9,26 @@ Small CPU variant (tests):
 
 import ml_collections
 
-from experiments.configs import drafter_tiny
+from experiments.configs import base
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  c = drafter_tiny.get_config("small" if variant == "small" else "")  # the drafter's warm-up
-  c.num_prompts = 16 if variant != "small" else 4
-  c.temperature = 0.9
-  c.spec = ml_collections.ConfigDict(dict(
-      threshold=8, rule="coupled", epsilon=0.1, window=300, min_accept_len=1.05,
-      health_window=64, seed=0,
-      arms=(("eagle", 3, 0), ("eagle", 6, 0), ("suffix", 4, 3))))  # (proposer, depth, ngram)
-  c.repeats = 2
-  if variant == "small":
-    c.spec.threshold = 16  # the small run's 16 rows speculate from the start
-    # No depth-6 arm, the costliest to compile (each arm's exactness is also a unit test's).
-    c.spec.arms = (("eagle", 3, 0), ("suffix", 4, 3))
-  if variant and variant != "small":
+  if variant not in ("", "small"):
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
+  small = variant == "small"
+  c = ml_collections.ConfigDict()
+  c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
+  c.seed = 7
+  c.model = base.tiny_model(small)
+  c.task = base.tiny_task()
+  c.rollout = base.rollout(small, temperature=0.9)
+  c.drafter = base.tiny_drafter(small)
+  # The small run's 16 rows speculate from the start; it has no depth-6 arm, the costliest to
+  # compile (each arm's exactness is also a unit test's).
+  c.spec = base.spec(threshold=16 if small else 8,
+                     arms=(("eagle", 3, 0), ("suffix", 4, 3)) if small
+                     else (("eagle", 3, 0), ("eagle", 6, 0), ("suffix", 4, 3)))
+  c.bench = ml_collections.ConfigDict(dict(
+      num_prompts=4 if small else 16, group_size=4 if small else 8, repeats=2, sweep_rows=(),
+      sweep_arms=()))
   return c

@@ -8,19 +8,16 @@ Run:
 
 import ml_collections
 
-from experiments.configs import tiny_baseline, tiny_tlt
+from experiments.configs import base
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant not in ("", "tlt_rejection", "small"):
     raise ValueError(f"Unknown variant {variant!r}; use '', 'tlt_rejection' or 'small'.")
+  c = base.tiny_run(f"tiny_seeds_{variant or 'baseline'}", "small" if variant == "small" else "")
   if variant == "tlt_rejection":
-    c = tiny_tlt.get_config()
+    c = base.with_tlt(c)
     c.spec.rule = "rejection"
-    c.warmup.steps = 150  # the demo's warm-up drafter
-  else:
-    c = tiny_baseline.get_config("small" if variant == "small" else "")
-  c.name = f"tiny_seeds_{variant or 'baseline'}"
-  c.out_dir = f"runs/{c.name}"
+    c.drafter.warmup.steps = 150  # the demo's warm-up drafter
   c.sweep = ml_collections.ConfigDict({"seed": (0, 1)})
   return c

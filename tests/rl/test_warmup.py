@@ -1,6 +1,5 @@
 """After the trainer's warm-up no RL step builds an XLA program, whatever its prompts' lengths."""
 
-import os
 
 import jax
 import numpy as np
@@ -14,7 +13,7 @@ from tlt_jax.drafter.publish import PublishConfig
 from tlt_jax.drafter.spot import SpotConfig
 from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.rl.grpo import GRPOConfig
-from tlt_jax.rl.run import engine_config
+from tlt_jax.rl.config import engine_config
 from tlt_jax.rl.trainer import LoopConfig, Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
@@ -52,15 +51,14 @@ def test_a_run_after_another_in_the_same_process_still_caches_its_programs(tmp_p
   """The demo's TLT run is built after its baseline has pointed JAX's compilation cache at a
   directory: its engine must still keep its executables in a cache (there), or a re-run demo
   compiles the TLT run's programs again. Without JAX's cache set, the run's cache directory."""
-  c = tiny_baseline.get_config("small")
-  c.cache_dir = str(tmp_path)
+  engine = tiny_baseline.get_config("small").rollout.engine
   before = jax.config.jax_compilation_cache_dir
   try:
     jax.config.update("jax_compilation_cache_dir", None)
-    assert engine_config(c).compile_cache_dir == os.path.join(str(tmp_path), "jax")
+    assert engine_config(engine, str(tmp_path)).compile_cache_dir == str(tmp_path / "jax")
     jax.config.update("jax_compilation_cache_dir", str(tmp_path / "set_earlier"))
-    assert engine_config(c).compile_cache_dir == str(tmp_path / "set_earlier")
-    c.engine.compile_cache_dir = str(tmp_path / "own")
-    assert engine_config(c).compile_cache_dir == str(tmp_path / "own")
+    assert engine_config(engine, str(tmp_path)).compile_cache_dir == str(tmp_path / "set_earlier")
+    engine.compile_cache_dir = str(tmp_path / "own")
+    assert engine_config(engine, str(tmp_path)).compile_cache_dir == str(tmp_path / "own")
   finally:
     jax.config.update("jax_compilation_cache_dir", before)

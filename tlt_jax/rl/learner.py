@@ -4,7 +4,7 @@ The loop (`trainer.py`) and the sharded update (`update.py`) are the same for ev
 learner turns a step's rewards into advantages, scores the policy's log-probs against the
 behaviour policy's (and a frozen reference's, when `kl_coef` > 0), and says how much of the full
 batch's loss one micro-batch carries. A new learner is one file with these methods, added to
-`LEARNERS`; a config picks it with `learner = "<name>"` and its settings in a section of that name.
+`LEARNERS`; a config picks it with `rl.learner = "<name>"` and its settings in `rl.<name>`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from typing import Protocol
 
 import jax
 
+from tlt_jax.errors import ConfigError
 from tlt_jax.rl.grpo import GRPOConfig
 from tlt_jax.rl.gspo import GSPOConfig
+from tlt_jax.typed import typed
 
 
 class Learner(Protocol):
@@ -36,13 +38,14 @@ class Learner(Protocol):
 LEARNERS = {cls.name: cls for cls in (GRPOConfig, GSPOConfig)}
 
 
-def learner_from_config(c) -> Learner:
-  """The learner a run config names (`c.learner`, default "grpo"), built from its section."""
-  name = c.get("learner", "grpo")
+def learner_from_section(rl) -> Learner:
+  """The learner a run config's `rl` section names (`rl.learner`, default "grpo"), built from its
+  settings (`rl.<name>`)."""
+  name = rl.get("learner", "grpo")
   if name not in LEARNERS:
-    raise ValueError(f"config.learner={name!r} is not a learner; available: "
-                     f"{', '.join(sorted(LEARNERS))}.")
-  if name not in c:
-    raise ValueError(f"config.learner={name!r} needs a config.{name} section (its settings; "
-                     f"an empty one takes {LEARNERS[name].__name__}'s defaults).")
-  return LEARNERS[name](**c[name])
+    raise ConfigError(f"config.rl.learner={name!r} is not a learner; available: "
+                      f"{', '.join(sorted(LEARNERS))}.")
+  if name not in rl:
+    raise ConfigError(f"config.rl.learner={name!r} needs a config.rl.{name} section (its "
+                      f"settings; an empty one takes {LEARNERS[name].__name__}'s defaults).")
+  return typed(LEARNERS[name], rl[name], f"rl.{name}")

@@ -1,0 +1,223 @@
+"""The sections configs share, with the values their runs use; a config file takes the sections it
+needs from here and changes what its run changes. This is the one shared base: no config file
+imports another. What each section holds: tlt_jax/rl/config.py.
+
+`small` variants are the tests' CPU-sized versions of the same recipes.
+"""
+
+import ml_collections
+
+CD = ml_collections.ConfigDict
+
+
+def warm_start(small: bool = False) -> CD:
+  """The `tiny` policy's SFT warm start on the built-in arithmetic task (the shipped one is this
+  recipe; `make warmstart` re-makes it). Also `experiments.sft_warmstart`'s whole config."""
+  c = CD()
+  c.model = "tiny"
+  c.seed = 0
+  c.cache_dir = ""  # empty: the run's cache_dir, else $TLT_JAX_CACHE or <repo>/.cache
+  c.task = CD(dict(min_steps=1, max_steps=16, alpha=1.3, max_operand=9))
+  c.train = CD(dict(
+      steps=700, tokens_per_batch=8192, lr=3e-3, warmup_steps=60, weight_decay=0.01, clip=1.0,
+      num_problems=50_000, task_alpha=0.5))
+  c.eval = CD(dict(num_prompts=128, group_size=8, temperature=1.0, seed=1234))
+  if small:
+    c.train.steps = 20
+    c.train.tokens_per_batch = 2048  # a quarter of the recipe's: the loss still falls 3.2 -> 2.8
+    c.train.num_problems = 2000
+    c.eval.num_prompts = 8
+    c.eval.group_size = 4
+  return c
+
+
+def tiny_model(small: bool = False) -> CD:
+  return CD(dict(name="tiny", warm_start=warm_start(small)))
+
+
+def smollm2_model() -> CD:
+  return CD(dict(name="smollm2"))
+
+
+def tiny_task(**settings) -> CD:
+  """The built-in arithmetic task (its problem generator: the warm start's `task`). `reward`:
+  answer | progress (partial credit for the steps before an error); `difficulty`: fields of the
+  generator narrowed for the training pool only."""
+  return CD(dict(dict(reward="answer", difficulty={}), **settings))
+
+
+def word_problems_task(**settings) -> CD:
+  """SmolLM2's procedural word problems. A 135M model given GSM8K's '####' instruction rambles
+  past any length limit; asked to be brief it states its answer (which the verifier reads)."""
+  return CD(dict(dict(reward="answer", difficulty={},
+                      word_problems=dict(min_steps=1, max_steps=2, max_value=20),
+                      instruction="Answer briefly."), **settings))
+
+
+def rollout(small: bool = False, **sampling) -> CD:
+  """Sampling (`max_new_tokens` 0: the task's own maximum) and the engine's layout."""
+  c = CD(dict(dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=24 if small else 0),
+              **sampling))
+  c.engine = CD(dict(
+      batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), max_batch=128,
+      prefill_buckets=(16, 32, 64, 128, 256, 512), steps_per_dispatch=8, num_shards=1,
+      cache_slack=0, compile_cache_dir="", precompile=False))
+  if small:  # two batch buckets (16 rows compacting to 4): every bucket is programs to build
+    c.engine.batch_buckets, c.engine.max_batch = (4, 16), 16
+  return c
+
+
+def smollm2_rollout(small: bool = False) -> CD:
+  """SmolLM2 on the word problems: temperature 0.9 as in TLT, up to 256 new tokens."""
+  c = rollout(temperature=0.9, max_new_tokens=8 if small else 256)
+  c.engine.update(dict(batch_buckets=(1, 2, 4, 8, 16, 32), max_batch=32,
+                       prefill_buckets=(64, 128, 256)))
+  return c
+
+
+def spec(threshold: int, arms: tuple) -> CD:
+  """Speculative decoding under the `coupled` rule (the same run as plain sampling) with the
+  bandit's `arms`: (proposer, depth, ngram) chains, ('tree', depth, topk, nodes) EAGLE-2 trees,
+  ('plain', 1, 0)."""
+  return CD(dict(threshold=threshold, rule="coupled", epsilon=0.1, window=300,
+                 min_accept_len=1.05, health_window=64, seed=0, arms=arms))
+
+
+def tiny_drafter(small: bool = False) -> CD:
+  """The warm-up EAGLE drafter of the warm-started `tiny` policy, trained on its rollouts of
+  `warmup_prompts` prompts; `adaptive` empty: it stays frozen."""
+  c = CD()
+  c.model = CD(dict(feature_layers=(), smooth_l1_weight=1.0, ce_weight=0.1))
+  c.train = CD(dict(lr=3e-3, warmup_steps=20, weight_decay=1e-2, clip=1.0))
+  c.warmup = CD(dict(steps=300, batch_rows=32, seq_len=256, group_size=4, seed=0))
+  c.warmup_prompts = 64
+  c.adaptive = CD()
+  if small:
+    c.warmup.steps, c.warmup.batch_rows, c.warmup_prompts = 10, 8, 8
+  return c
+
+
+def smollm2_drafter(small: bool = False, unrolled: bool = False) -> CD:
+  """SmolLM2's warm-up EAGLE drafter with a draft vocabulary restricted to the 4096 tokens most
+  frequent in its own rollouts; `unrolled` trains draft depths 2 and 3 as they run, on the
+  drafter's own outputs (EAGLE-3's training-time test; each step costs about three)."""
+  c = CD()
+  c.model = CD(dict(feature_layers=(), smooth_l1_weight=1.0, ce_weight=0.5,
+                    draft_vocab=512 if small else 4096))
+  if unrolled:
+    c.model.unroll_steps, c.model.unroll_decay = 3, 0.8
+  c.train = CD(dict(lr=1e-3, warmup_steps=30, weight_decay=1e-2, clip=1.0))
+  c.warmup = CD(dict(steps=4 if small else 600, batch_rows=4 if small else 16, seq_len=384,
+                     group_size=4, seed=0))
+  c.warmup_prompts = 4 if small else 256
+  c.adaptive = CD()
+  return c
+
+
+def adaptive(small: bool = False) -> CD:
+  """The adaptive drafter: spot training from captured hidden states on rollout shards that
+  finish early (or `spot.budget_s` seconds per step on one device), checked publishing."""
+  c = CD(dict(
+      train=dict(lr=1e-3, warmup_steps=5, weight_decay=1e-2, clip=1.0),
+      buffer=dict(max_tokens=200_000, length_power=1.0, half_life=4.0, min_length=2),
+      spot=dict(batch_rows=16, seq_len=128, budget_s=0.0, max_steps_per_window=0,
+                min_segments=16, seed=0),
+      publish=dict(depth=4, min_ratio=0.8, seq_len=128),
+      holdout_rows=16))
+  if small:
+    c.spot.budget_s, c.spot.min_segments = 0.5, 4
+  return c
+
+
+def rl(**optim) -> CD:
+  """The learner (grpo | gspo, tlt_jax/rl/learner.py) with each one's settings, and AdamW
+  (`total_steps` 0: the run's `train.steps`)."""
+  c = CD()
+  c.learner = "grpo"
+  c.grpo = CD(dict(clip_low=0.2, clip_high=0.28, kl_coef=0.0, normalize_std=True,
+                   aggregation="sequence", max_len_norm=0))
+  c.gspo = CD(dict(clip_low=3e-4, clip_high=4e-4, kl_coef=0.0, normalize_std=True))
+  c.optim = CD(dict(dict(lr=2e-4, warmup_steps=2, total_steps=0, end_lr_fraction=0.1,
+                         weight_decay=0.0, clip=1.0, b1=0.9, b2=0.999), **optim))
+  return c
+
+
+def train(**loop) -> CD:
+  """The loop: `steps` of `prompts_per_step` prompts from a pool of `num_prompts` x `group_size`
+  samples; the update in `micro_batches` on a `mesh_shape` = (data, fsdp) mesh; a checkpoint
+  every `checkpoint_every` steps; `eval_prompts` held-out prompts x `eval_group_size` scored every
+  `eval_every` steps (0: off); `export`: the final policy (and drafter) to out_dir/export."""
+  return CD(dict(dict(steps=20, num_prompts=512, prompts_per_step=16, group_size=8,
+                      micro_batches=1, mesh_shape=(1, 1), checkpoint_every=5, keep=2,
+                      eval_every=5, eval_prompts=64, eval_group_size=4, export=False), **loop))
+
+
+def tiny_run(name: str, variant: str = "") -> CD:
+  """GRPO on the built-in task from the warm-started `tiny` policy, without speculative decoding
+  (`tiny_tlt` adds it to this same run). Variants: '' (20 steps of 16 prompts x 8), 'small' (the
+  tests'), 'long' (160 steps of 64 prompts x 8 on fresh prompts)."""
+  small = variant == "small"
+  c = CD()
+  c.name = name if variant != "long" else f"{name}_long"
+  c.out_dir = f"runs/{c.name}"
+  c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
+  c.seed = 7
+  c.model = tiny_model(small)
+  c.task = tiny_task(difficulty=dict(min_steps=1, max_steps=16))
+  c.rollout = rollout(small)
+  c.spec = CD()     # empty: no speculative decoding
+  c.drafter = CD()  # empty: no drafter
+  c.rl = rl()
+  c.train = train()
+  if small:
+    c.train.update(dict(num_prompts=16, steps=3, prompts_per_step=4, group_size=4,
+                        checkpoint_every=1, eval_every=2, eval_prompts=4, eval_group_size=2))
+  elif variant == "long":
+    c.train.update(dict(num_prompts=50_000,  # fresh prompts: a small pool gets memorised
+                        prompts_per_step=64, steps=160, eval_every=20, eval_prompts=256,
+                        micro_batches=8))  # length-sorted groups: each pays only its padding
+    c.rl.optim.lr = 3e-4
+  return c
+
+
+def smollm2_run(name: str, small: bool = False) -> CD:
+  """GRPO on SmolLM2-135M-Instruct with the procedural word problems, without speculative
+  decoding: 8 steps of 8 prompts x 8 samples (T = 0.9), held-out accuracy before the first step
+  and after the last."""
+  c = CD()
+  c.name = name
+  c.out_dir = f"runs/{name}"
+  c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
+  c.seed = 0
+  c.model = smollm2_model()
+  # Single-change problems with numbers up to 10: easy enough for the 135M model that groups of 8
+  # get mixed rewards, which is what GRPO learns from (docs/BENCHMARKS.md has its accuracy).
+  easy = dict(min_steps=1, max_steps=1, max_value=10)
+  c.task = word_problems_task(word_problems=easy, difficulty=easy)
+  c.rollout = smollm2_rollout(small)
+  c.rollout.max_new_tokens = 8 if small else 128
+  c.rollout.engine.batch_buckets, c.rollout.engine.max_batch = (1, 2, 4, 8, 16, 32, 64), 64
+  c.spec = CD()     # empty: no speculative decoding
+  c.drafter = CD()  # empty: no drafter
+  c.rl = rl(lr=1e-5, warmup_steps=1)
+  c.rl.grpo.aggregation = "token"
+  c.train = train(
+      steps=8, num_prompts=2048,  # the training prompt pool (fresh prompts, not a few re-drawn)
+      prompts_per_step=8, group_size=8, micro_batches=4,
+      eval_every=8, eval_prompts=128, eval_group_size=2)
+  if small:
+    c.train.update(dict(num_prompts=8, steps=2, prompts_per_step=2, group_size=2,
+                        micro_batches=1, checkpoint_every=1, eval_every=0, eval_prompts=2))
+  return c
+
+
+def with_tlt(c: CD, small: bool = False) -> CD:
+  """Run `c` with speculative decoding (`coupled`: the same run, token for token) and the
+  warmed-up EAGLE drafter, which keeps adapting to the policy; the final policy and drafter are
+  exported."""
+  c.spec = spec(threshold=16 if small else 8,
+                arms=(("eagle", 3, 0), ("eagle", 6, 0), ("suffix", 4, 3), ("plain", 1, 0)))
+  c.drafter = tiny_drafter(small)
+  c.drafter.adaptive = adaptive(small)
+  c.train.export = True
+  return c

@@ -1,0 +1,83 @@
+"""A run config becomes typed settings once, before any work: every shipped config converts, and
+a bad key or value is one `ConfigError` naming it (the nearest known key for a misspelling)."""
+
+import importlib
+import pathlib
+
+import pytest
+
+from experiments.configs import base, tiny_baseline, tiny_tlt
+from tlt_jax.errors import ConfigError
+from tlt_jax.rl.config import run_config
+from tlt_jax.rl.grpo import GRPOConfig
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "configs"
+
+
+def test_every_run_config_and_variant_converts():
+  runs = {"tiny_baseline": ("", "small", "long"), "tiny_tlt": ("", "small", "long"),
+          "smollm2_baseline": ("", "small"), "smollm2_tlt": ("", "small"),
+          "tiny_seeds": ("", "small", "tlt_rejection"), "bench_drafter": ("", "small")}
+  for name, variants in runs.items():
+    module = importlib.import_module(f"experiments.configs.{name}")
+    for variant in variants:
+      rc = run_config(module.get_config(variant), other_keys=("sweep", "bench"))
+      assert rc.optim.total_steps >= rc.loop.steps  # 0 in a config: the run's own steps
+  tlt = run_config(tiny_tlt.get_config("small"))
+  assert tlt.drafter is not None and tlt.adaptive is not None and tlt.loop.export
+  assert run_config(tiny_baseline.get_config()).learner == GRPOConfig(aggregation="sequence")
+
+
+def test_no_config_imports_another_than_the_shared_base():
+  for path in CONFIGS.glob("*.py"):
+    imports = [line for line in path.read_text().splitlines()
+               if line.startswith("from experiments.configs import")]
+    assert all(line == "from experiments.configs import base" for line in imports), path.name
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c.update(steps=1), "config has no key 'steps'; did you mean config.train.steps?"),
+    (lambda c: c.update(stepz=1), "config has no key 'stepz'; its keys: cache_dir, drafter,"),
+    (lambda c: c.train.update(stepz=1), "config.train has no key 'stepz'; did you mean "
+                                        "config.train.steps?"),
+    (lambda c: c.train.update(steps=0), "config.train: steps must be an integer >= 1"),
+    (lambda c: c.train.update(mesh_shape=(1, 0)), "config.train: mesh_shape must be (data, fsdp)"),
+    (lambda c: c.train.update(num_prompts=2), "config.train.num_prompts (the prompt pool) must be"),
+    (lambda c: c.rollout.update(temperature=-1.0), "config.rollout: temperature must be >= 0"),
+    (lambda c: c.rollout.update(temprature=1.0), "did you mean config.rollout.temperature?"),
+    (lambda c: c.rollout.engine.update(max_batch=999), "config.rollout.engine: max_batch=999"),
+    (lambda c: c.rollout.engine.update(num_shard=2), "did you mean config.rollout.engine."
+                                                     "num_shards?"),
+    (lambda c: c.task.update(reward="score"), "config.task.reward='score': the tiny workload "
+                                              "offers 'answer', 'progress'"),
+    (lambda c: c.task.update(rewards="answer"), "did you mean config.task.reward?"),
+    (lambda c: c.model.update(name="tinny"), "config.model.name='tinny' is not a workload (did "
+                                             "you mean 'tiny'?)"),
+    (lambda c: c.model.warm_start.train.update(lr=-1.0), "config.model.warm_start.train.lr must "
+                                                         "be > 0"),
+    (lambda c: c.rl.update(learner="ppo"), "config.rl.learner='ppo' is not a learner"),
+    (lambda c: c.rl.grpo.update(clip_hihg=0.3), "did you mean config.rl.grpo.clip_high?"),
+    (lambda c: c.rl.optim.update(lr=0.0), "config.rl.optim: lr must be > 0"),
+    (lambda c: c.update(spec=base.spec(8, (("eagel", 3, 0),))), "config.spec.arms: "),
+    (lambda c: c.update(spec=base.spec(8, (("eagle", 3, 0),))), "config.drafter: an ('eagle'"),
+    (lambda c: c.drafter.update(adaptive=base.adaptive()), "config.drafter.adaptive needs an "
+                                                           "EAGLE drafter"),
+])
+def test_a_bad_key_or_value_is_one_config_error_naming_it(change, message):
+  c = tiny_baseline.get_config("small")
+  change(c)
+  with pytest.raises(ConfigError) as e:
+    run_config(c)
+  assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_tlt_config_s_drafter_sections_are_checked():
+  c = tiny_tlt.get_config("small")
+  c.drafter.warmup.update(stepz=3)
+  with pytest.raises(ConfigError, match=r"config.drafter.warmup has no key 'stepz'; did you mean "
+                                        r"config.drafter.warmup.steps\?"):
+    run_config(c)
+  c = tiny_tlt.get_config("small")
+  c.drafter.adaptive.spot.update(budget=1.0)
+  with pytest.raises(ConfigError, match=r"did you mean config.drafter.adaptive.spot.budget_s\?"):
+    run_config(c)

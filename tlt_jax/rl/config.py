@@ -1,0 +1,118 @@
+"""An RL run's config: the launcher's ml-collections config, sectioned, turned once into typed
+settings (`run_config`), every key and value checked before any work.
+
+Sections (experiments/configs/base.py has their defaults):
+  name, out_dir, cache_dir, seed   the run's identity, directories and seed
+  model     name (a registered workload) and, for `tiny`, its SFT `warm_start` recipe
+  task      reward, the training pool's `difficulty` mix, and the workload's own settings
+  rollout   sampling (temperature, top_k, top_p, max_new_tokens) and the `engine` layout
+  spec      speculative decoding (empty: off)
+  drafter   the warm-up EAGLE drafter's recipe and the `adaptive` drafter (empty: no drafter)
+  rl        the `learner` by name, its settings in a section so named, and `optim`
+  train     the loop: steps, pool and batch sizes, micro-batches, mesh, checkpoints, evaluation
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import ml_collections
+
+from tlt_jax import sft
+from tlt_jax.drafter.adaptive import AdaptiveConfig
+from tlt_jax.errors import ConfigError
+from tlt_jax.rl.learner import LEARNERS, Learner, learner_from_section
+from tlt_jax.rl.trainer import LoopConfig
+from tlt_jax.rl.update import OptimConfig
+from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.spec.strategy import SpecConfig, spec_config_from_dict
+from tlt_jax.typed import check_keys, typed
+from tlt_jax.workloads import DrafterRecipe, WorkloadConfig, drafter_recipe, workload_config
+
+SECTIONS = ("name", "out_dir", "cache_dir", "seed", "model", "task", "rollout", "spec", "drafter",
+            "rl", "train")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """A run's typed settings. `num_prompts`: the training prompt pool; `eval_prompts`: held-out
+  prompts scored every `loop.eval_every` steps; `drafter`: the warm-up drafter's recipe, when an
+  arm drafts with it."""
+
+  name: str
+  seed: int
+  workload: WorkloadConfig
+  engine: EngineConfig
+  spec: SpecConfig | None
+  drafter: DrafterRecipe | None
+  adaptive: AdaptiveConfig | None
+  learner: Learner
+  optim: OptimConfig
+  loop: LoopConfig
+  num_prompts: int
+  eval_prompts: int
+
+  @property
+  def out_dir(self) -> str:
+    return self.loop.out_dir
+
+
+def engine_config(section, cache_dir: str) -> EngineConfig:
+  """The rollout's `engine` section. Without a `compile_cache_dir`, warm-ups of later runs (and a
+  re-run demo) still load their programs instead of compiling: the engine caches them in JAX's
+  cache directory where one is set (by the environment, or by an earlier run in this process),
+  else under the run's cache directory."""
+  engine = dict(section or {})
+  if not engine.get("compile_cache_dir"):
+    engine["compile_cache_dir"] = (jax.config.jax_compilation_cache_dir or os.path.join(
+        cache_dir or sft.default_cache_dir(), "jax"))
+  return EngineConfig.from_dict(engine)
+
+
+def run_config(c: ml_collections.ConfigDict, other_keys=()) -> RunConfig:
+  """`c` as typed settings; raises `ConfigError` naming the first bad key or value (the
+  launchers print it as one line). `other_keys`: top-level sections a launcher reads itself
+  (a benchmark's `bench`, a sweep's `sweep`)."""
+  for name in c:  # a setting at the top that lives in a section (the flat layout of old)
+    homes = [s for s in SECTIONS if hasattr(c.get(s), "keys") and name in c[s].keys()]
+    if name not in SECTIONS + tuple(other_keys) and homes:
+      raise ConfigError(f"config has no key {name!r}; did you mean config.{homes[0]}.{name}? "
+                        "(run settings live in sections; see tlt_jax/rl/config.py)")
+  check_keys(c, "", SECTIONS + tuple(other_keys))
+  wc = workload_config(c)
+  spec = spec_config_from_dict(c.spec) if c.get("spec") else None
+  drafter_section = check_keys(c.get("drafter"), "drafter",
+                               ("model", "train", "warmup", "warmup_prompts", "adaptive"))
+  uses_drafter = spec is not None and any(a.uses_drafter for a in spec.arms)
+  if uses_drafter and not drafter_section.get("warmup"):
+    raise ConfigError("config.drafter: an ('eagle', ...) or ('tree', ...) arm drafts with the "
+                      "warm-up drafter; give its recipe (model, train, warmup, warmup_prompts).")
+  recipe = drafter_recipe(drafter_section, ("adaptive",)) if uses_drafter else None
+  adaptive = None
+  if drafter_section.get("adaptive"):
+    if not uses_drafter:
+      raise ConfigError("config.drafter.adaptive needs an EAGLE drafter: add an ('eagle', depth, "
+                        "0) arm to config.spec.arms, or set config.drafter.adaptive = {}.")
+    adaptive = AdaptiveConfig.from_dict(drafter_section["adaptive"])
+  train = check_keys(c.train, "train", [f.name for f in dataclasses.fields(LoopConfig)
+                                         if f.name not in ("out_dir", "seed")]
+                     + ["num_prompts", "eval_prompts"])
+  num_prompts, eval_prompts = train.pop("num_prompts", None), train.pop("eval_prompts", 0)
+  loop = typed(LoopConfig, dict(train, out_dir=c.out_dir, seed=c.seed), "train")
+  rl = check_keys(c.rl, "rl", ("learner", "optim", *LEARNERS))
+  learner = learner_from_section(rl)
+  optim = dict(rl.get("optim") or {})
+  optim["total_steps"] = optim.get("total_steps") or loop.steps  # 0: the run's steps
+  optim = typed(OptimConfig, optim, "rl.optim")
+  if not isinstance(num_prompts, int) or num_prompts < loop.prompts_per_step:
+    raise ConfigError(f"config.train.num_prompts (the prompt pool) must be an integer >= "
+                      f"config.train.prompts_per_step={loop.prompts_per_step}, got {num_prompts!r}.")
+  if loop.eval_every and (not isinstance(eval_prompts, int) or eval_prompts < 1):
+    raise ConfigError(f"config.train.eval_prompts must be >= 1 when eval_every > 0, got "
+                      f"{eval_prompts!r}.")
+  return RunConfig(name=c.name, seed=c.seed, workload=wc,
+                   engine=engine_config(c.rollout.get("engine"), c.get("cache_dir", "")),
+                   spec=spec, drafter=recipe, adaptive=adaptive, learner=learner, optim=optim,
+                   loop=loop, num_prompts=num_prompts, eval_prompts=eval_prompts)
