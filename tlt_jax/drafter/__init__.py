@@ -2,5 +2,5 @@
 publishing) and `EagleProposer`, the engine's draft model.
 
 May import: models, spec, rollout (warm-up rollouts, the engine it publishes to), checkpoint,
-hashing, optim.
+hashing, optim, typed.
 """

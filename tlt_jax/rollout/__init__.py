@@ -2,5 +2,5 @@
 with its weight store, shards (sub-meshes), scheduler and executable pool.
 
 May import: models, spec (proposers, strategies, verification, and the `DraftModel` interface,
-which is all it knows of a learned proposer), hashing.
+which is all it knows of a learned proposer), hashing, typed.
 """

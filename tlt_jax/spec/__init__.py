@@ -2,5 +2,5 @@
 interface, the suffix proposer), exact verification, strategies, their bandit and the health
 monitor.
 
-May import: models.
+May import: models, errors, typed (config sections to typed settings).
 """
