@@ -75,6 +75,19 @@ def smollm2_rollout(small: bool = False) -> CD:
   return c
 
 
+def tiny_workload(small: bool = False) -> CD:
+  """What a benchmark of the warm-started `tiny` policy samples: its model, task and rollout
+  (seed 7, as the GRPO runs')."""
+  return CD(dict(cache_dir="",  # empty: $TLT_JAX_CACHE or <repo>/.cache
+                 seed=7, model=tiny_model(small), task=tiny_task(), rollout=rollout(small)))
+
+
+def smollm2_workload(small: bool = False) -> CD:
+  """What a benchmark of SmolLM2-135M-Instruct samples: the word problems at temperature 0.9."""
+  return CD(dict(cache_dir="", seed=7, model=smollm2_model(), task=word_problems_task(),
+                 rollout=smollm2_rollout(small)))
+
+
 def spec(threshold: int, arms: tuple) -> CD:
   """Speculative decoding under the `coupled` rule (the same run as plain sampling) with the
   bandit's `arms`: (proposer, depth, ngram) chains, ('tree', depth, topk, nodes) EAGLE-2 trees,

@@ -15,12 +15,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant not in ("", "small"):
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
   small = variant == "small"
-  c = ml_collections.ConfigDict()
-  c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
-  c.seed = 7
-  c.model = base.tiny_model(small)
-  c.task = base.tiny_task()
-  c.rollout = base.rollout(small)
+  c = base.tiny_workload(small)
   c.bench = ml_collections.ConfigDict(dict(
       num_prompts=4 if small else 16, group_size=4 if small else 8,
       layout_pool_prompts=64 if small else 512,  # the fixed cache length follows the longest

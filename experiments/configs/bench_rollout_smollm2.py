@@ -13,12 +13,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant not in ("", "small"):
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
   small = variant == "small"
-  c = ml_collections.ConfigDict()
-  c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
-  c.seed = 7
-  c.model = base.smollm2_model()
-  c.task = base.word_problems_task()
-  c.rollout = base.smollm2_rollout(small)
+  c = base.smollm2_workload(small)
   c.bench = ml_collections.ConfigDict(dict(
       num_prompts=2 if small else 8, group_size=2 if small else 4, layout_pool_prompts=512,
       compile_probe=False, dispatch_sweep=(), hf_compare=True, hf_new_tokens=4 if small else 32))

@@ -27,12 +27,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant not in ("", "small", "rejection", "unrolled"):
     raise ValueError(f"Unknown variant {variant!r}; use '', 'small', 'rejection' or 'unrolled'.")
   small = variant == "small"
-  c = ml_collections.ConfigDict()
-  c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
-  c.seed = 7
-  c.model = base.smollm2_model()
-  c.task = base.word_problems_task()
-  c.rollout = base.smollm2_rollout(small)
+  c = base.smollm2_workload(small)
   c.drafter = base.smollm2_drafter(small, unrolled=variant == "unrolled")  # cached
   c.spec = base.spec(threshold=2, arms=(("eagle", 3, 0), ("suffix", 3, 3), ("plain", 1, 0)))
   if variant == "rejection":

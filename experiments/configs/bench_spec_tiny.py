@@ -16,12 +16,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant not in ("", "small"):
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
   small = variant == "small"
-  c = ml_collections.ConfigDict()
-  c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
-  c.seed = 7
-  c.model = base.tiny_model(small)
-  c.task = base.tiny_task()
-  c.rollout = base.rollout(small, temperature=0.9)
+  c = base.tiny_workload(small)
+  c.rollout.temperature = 0.9
   c.drafter = base.tiny_drafter(small)
   # The small run's 16 rows speculate from the start; it has no depth-6 arm, the costliest to
   # compile (each arm's exactness is also a unit test's).

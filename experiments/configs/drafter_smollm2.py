@@ -19,13 +19,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     raise ValueError(f"Unknown variant {variant!r}; use '', 'unrolled', 'small' or "
                      "'small_unrolled'.")
   small = variant in ("small", "small_unrolled")
-  c = ml_collections.ConfigDict()
+  c = base.smollm2_workload(small)
   c.name = "drafter_smollm2"
-  c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
-  c.seed = 7
-  c.model = base.smollm2_model()
-  c.task = base.word_problems_task()
-  c.rollout = base.smollm2_rollout(small)
   c.drafter = base.smollm2_drafter(small, unrolled=variant in ("unrolled", "small_unrolled"))
   c.drafter.eval_prompts = 2 if small else 8
   return c

@@ -17,13 +17,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant not in ("", "small"):
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
   small = variant == "small"
-  c = ml_collections.ConfigDict()
+  c = base.tiny_workload(small)
   c.name = "drafter_tiny"
-  c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
-  c.seed = 7
-  c.model = base.tiny_model(small)
-  c.task = base.tiny_task()
-  c.rollout = base.rollout(small)
   c.drafter = base.tiny_drafter(small)
   c.drafter.eval_prompts = 4 if small else 16
   return c
