@@ -64,8 +64,8 @@ class WorkloadKind:
   """A workload by name: its task settings with their defaults (the first reward in `rewards` is
   the default one), its starting policy `policy(wc, progress)` -> (model, tokenizer, summary) (a
   cached stage: `tiny`'s SFT warm start), and its prompts `build(wc, tokenizer, num_prompts, seed,
-  difficulty)` -> (prompts, answers, max_new_tokens, reward_fn). `warm_start`: whether its model
-  section carries a warm-start recipe (checked by `check_warm_start`)."""
+  difficulty)` -> (prompts, answers, max_new_tokens, reward_fn). `check_warm_start(recipe)`: set
+  when its model section must carry a warm-start recipe, which it checks (None: none allowed)."""
 
   rewards: tuple[str, ...]
   task: Mapping
