@@ -33,11 +33,11 @@ from tlt_jax.rollout.pool import ExecutablePool, configure_compilation_cache
 from tlt_jax.rollout.scheduler import Results, ShardRun, next_ready
 from tlt_jax.rollout.shards import shard_meshes
 from tlt_jax.rollout.spec_step import spec_step
-from tlt_jax.rollout.state import DecodeState, History, empty_state, needs_layers, plain_step
+from tlt_jax.rollout.state import DecodeState, empty_state, needs_layers, plain_step
 from tlt_jax.rollout.timeline import Timeline
 from tlt_jax.rollout.weights import WeightStore
 from tlt_jax.spec.controller import SpecController
-from tlt_jax.spec.proposer import DraftModel
+from tlt_jax.spec.proposer import DraftModel, get_proposer
 from tlt_jax.spec.strategy import SpecConfig
 from tlt_jax.typed import typed
 
@@ -59,7 +59,9 @@ class EngineConfig:
   # `warm_up` can build them all before the first call. 0: sized by each call's longest prompt
   # (its prefill bucket), so a call with a new prompt bucket builds a new family of programs.
   max_prompt_len: int = 0
-  suffix_corpus_len: int = 256   # tokens of earlier text per row the suffix proposer may search
+  # Tokens of earlier text per row (`generate`'s `corpus`) that proposers reading the rows'
+  # context (`Proposer.reads_context`, e.g. suffix) may search.
+  corpus_len: int = 256
   # How an EAGLE drafter follows the target. "lazy": plain steps do not run it; a speculative
   # step first feeds it what it missed, from captured hidden states (the drafter costs nothing
   # before speculation starts). "eager": every step feeds it (EAGLE-3 fused features, which are
@@ -120,7 +122,7 @@ class _Call:
   waves: list[list[np.ndarray]]    # each shard's waves of rows, not yet started
   params: SamplingParams
   p_bucket: int                    # the prompt bucket of every prefill
-  layout: tuple                    # (cache_len, n, capture, hist): what every program shares
+  layout: tuple                    # (cache_len, n, capture, context_len): what programs share
   corpus: dict[int, list[int]]
   keys: list[jax.Array]            # the sampling key on each shard
   out: Results
@@ -139,6 +141,9 @@ class RolloutEngine:
       config = dataclasses.replace(config, cache_slack=spec.max_written + 1)
     self.cfg = config
     self.spec = SpecController(spec, config.batch_buckets) if spec is not None else None
+    names = dict.fromkeys(a.proposer for a in spec.arms if not a.is_plain) if spec else {}
+    # The proposers that keep per-row state from the rows' context, in `DecodeState.proposers`.
+    self.context_proposers = tuple(p for p in map(get_proposer, names) if p.reads_context)
     self.model_cfg = model.cfg
     self.pad_id = pad_id
     self.meshes = shard_meshes(devices if devices is not None else jax.devices(),
@@ -177,20 +182,23 @@ class RolloutEngine:
     sh = self.weights.sharding(shard)
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree)
 
+  def _empty_state(self, b: int, cache_len: int, n: int, capture: bool, hist: int,
+                   drafter: DraftModel | None):
+    return empty_state(self.model_cfg, b, cache_len, n, capture, hist, self.pad_id, drafter,
+                       self.context_proposers)
+
   def _state_shape(self, b: int, cache_len: int, n: int, capture: bool, hist: int):
-    return jax.eval_shape(lambda: empty_state(self.model_cfg, b, cache_len, n, capture, hist,
-                                              self.pad_id, self.drafter))
+    return jax.eval_shape(lambda: self._empty_state(b, cache_len, n, capture, hist, self.drafter))
 
   def _prefill_exe(self, shard, b, u, p, cache_len, n, capture, hist):
     """Prefill of `b` rows whose prompts are `u` distinct ones (`u` < `b`: the G samples of a
     prompt share one forward, and its cache rows are copied to them; `u` == `b`: one row each)."""
     key = ("prefill", shard, b, u, p, cache_len, n, capture, hist)
-    cfg, pad_id = self.model_cfg, self.pad_id
+    cfg = self.model_cfg
 
-    def fn(weights, prompts_UxP, lens_U, src_B, ids_B, active_B, hist_prefix_BxH, hist_len_B,
-           corpus_len_B):
+    def fn(weights, prompts_UxP, lens_U, src_B, ids_B, active_B, context_BxH, context_len_B):
       model, drafter = self._merge(weights)
-      st = empty_state(cfg, b, cache_len, n, capture, hist, pad_id, drafter)
+      st = self._empty_state(b, cache_len, n, capture, hist, drafter)
       shared = u < b
       rows_of = (lambda x: x[src_B]) if shared else (lambda x: x)
       cache = kvc.init_cache(cfg, u, cache_len) if shared else st.cache
@@ -202,7 +210,8 @@ class RolloutEngine:
           done_B=~active_B,
           captured=dataclasses.replace(st.captured, prompt_hidden_BxD=rows_of(
               out.hidden_BxTxD[urows, last_U]).astype(st.captured.prompt_hidden_BxD.dtype)),
-          history=History(hist_prefix_BxH, len_B=hist_len_B, corpus_len_B=corpus_len_B))
+          proposers={p.name: p.start(context_BxH, context_len_B)
+                     for p in self.context_proposers})
       if drafter is None:
         return st
       draft = drafter.init_state(cfg, u, cache_len) if shared else st.draft
@@ -212,7 +221,7 @@ class RolloutEngine:
     def build():
       i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
       args = (self.weights.abstract(), i32(u, p), i32(u), i32(b), i32(b),
-              jax.ShapeDtypeStruct((b,), bool), i32(b, hist), i32(b), i32(b))
+              jax.ShapeDtypeStruct((b,), bool), i32(b, hist), i32(b))
       return fn, tuple(self._abstract(a, shard) for a in args), ()
     return key, build
 
@@ -310,8 +319,10 @@ class RolloutEngine:
                        f"{self.cfg.cache_slack} = {need} exceeds the model context "
                        f"{self.model_cfg.max_seq_len}; shorten the prompt or max_new_tokens.")
     cache_len = min(-(-(p + n + self.cfg.cache_slack) // 64) * 64, self.model_cfg.max_seq_len)
-    corpus = self.cfg.suffix_corpus_len if self.spec is not None else 0
-    return max(cache_len, need), corpus + p + n + 1
+    # The rows' context (corpus, prompt), then the response, then the next token a proposer
+    # drafts after; nothing when no proposer reads it.
+    context_len = self.cfg.corpus_len + p + n + 1 if self.context_proposers else 0
+    return max(cache_len, need), context_len
 
   def generate(self, prompts: list[list[int]], group_size: int, params: SamplingParams,
                key: jax.Array, *, capture_hidden: bool = False,
@@ -370,16 +381,7 @@ class RolloutEngine:
     prefill_idx, u, src_np = self._distinct([call.rows[r][1] for r in wave], b)
     prompts_np, lens_np = pad_prompts([call.prompts[q] for q in prefill_idx], call.p_bucket,
                                       self.pad_id)
-    c_len = self.cfg.suffix_corpus_len if self.spec is not None else 0
-    hist = call.layout[3]
-    hist_np = np.full((b, hist), -1, np.int32)
-    hist_len, corpus_len = np.zeros(b, np.int32), np.zeros(b, np.int32)
-    for slot, r in enumerate(wave):
-      q = call.rows[r][1]
-      text = list(call.corpus.get(q, []))[-c_len:] if c_len else []
-      seq = text + list(call.prompts[q])
-      hist_np[slot, : len(seq)] = seq
-      hist_len[slot], corpus_len[slot] = len(seq), len(text)
+    context_np, context_len = self._contexts(call, wave, b)
     pad, upad = b - len(wave), u - len(prefill_idx)
     prompts_np = np.pad(prompts_np, ((0, upad), (0, 0)), constant_values=self.pad_id)
     lens_np = np.pad(lens_np, (0, upad), constant_values=1)
@@ -389,10 +391,24 @@ class RolloutEngine:
     exe = self._get(self._prefill_exe(s, b, u, call.p_bucket, *call.layout))
     put = self.weights.sharding(s)
     st = exe(self.weights.shard(s), *[jax.device_put(x, put) for x in (
-        prompts_np, lens_np, src_np, ids_np, active, hist_np, hist_len, corpus_len)])
+        prompts_np, lens_np, src_np, ids_np, active, context_np, context_len)])
     call.timeline.record(s, "prefill", t0, time.perf_counter(), b, len(wave))
     slot_rows = np.concatenate([wave, np.full(pad, -1)])  # row of each slot (-1: padding)
     return ShardRun(st, b, slot_rows, len(wave), np.zeros(b, np.int64), np.zeros(b, np.int64))
+
+  def _contexts(self, call: _Call, wave, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each slot's context for the proposers that read it: the last `corpus_len` tokens of its
+    prompt's corpus, then the prompt (`[b, context_len]`, -1 past each length)."""
+    width = call.layout[3]
+    context_np, len_np = np.full((b, width), -1, np.int32), np.zeros(b, np.int32)
+    if not width:
+      return context_np, len_np
+    for slot, r in enumerate(wave):
+      q = call.rows[r][1]
+      text = list(call.corpus.get(q, []))
+      seq = text[max(len(text) - self.cfg.corpus_len, 0):] + list(call.prompts[q])
+      context_np[slot, : len(seq)], len_np[slot] = seq, len(seq)
+    return context_np, len_np
 
   def _dispatch(self, call: _Call, s: int, run: ShardRun) -> None:
     """Launches shard `s`'s next `steps_per_dispatch` steps, plain or with the arm the controller

@@ -7,9 +7,10 @@ ends on a rejection leaves that position's token in `spec.pending_B` (forced nex
 Either step can follow the other without flushing or re-prefilling.
 
 `DecodeState` is the base state plain decoding needs, plus one part per concern above it: `spec`
-(what speculative steps leave for the next step, and their counts), `history` (the context the
-suffix proposer matches against), `captured` (hidden states the draft model follows lazily and
-trains on) and `draft` (the draft model's own state, `spec.proposer.DraftModel`).
+(what speculative steps leave for the next step, and their counts), `proposers` (the per-row
+state of each proposer that keeps one, by name, which `emit` hands what each row emitted),
+`captured` (hidden states the draft model follows lazily and trains on) and `draft` (the draft
+model's own state, `spec.proposer.DraftModel`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.sampling import SamplingParams, processed_logprobs, sample_from_logprobs
-from tlt_jax.spec.proposer import DraftModel
+from tlt_jax.spec.proposer import DraftModel, Proposer, get_proposer
 
 
 @jax.tree_util.register_dataclass
@@ -42,17 +43,6 @@ class SpecState:
         pending_B=jnp.where((keep_B > 0) & (keep_B == m_B), forced_B,
                             jnp.where(keep_B > 0, -1, self.pending_B)),
         steps_B=self.steps_B + live_B, tokens_B=self.tokens_B + keep_B)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class History:
-  """The suffix proposer's context: each row's suffix corpus, then its prompt, then its response
-  (`tokens_BxH`, -1 past `len_B`); the corpus fills the first `corpus_len_B` slots."""
-
-  tokens_BxH: jax.Array
-  len_B: jax.Array
-  corpus_len_B: jax.Array
 
 
 @jax.tree_util.register_dataclass
@@ -79,22 +69,25 @@ class DecodeState:
   tokens_BxN: jax.Array
   logprobs_BxN: jax.Array
   spec: SpecState
-  history: History
+  proposers: dict[str, Any]   # each context-reading proposer's per-row state, by name
   captured: Captured
   draft: Any = None           # the draft model's per-row state (`spec.proposer`), if any
 
 
-def empty_state(cfg, b: int, cache_len: int, n: int, capture: bool, history: int,
-                pad_id: int, drafter: DraftModel | None = None) -> DecodeState:
-  """A state of `b` done rows (with the draft model's state when there is one)."""
+def empty_state(cfg, b: int, cache_len: int, n: int, capture: bool, context_len: int,
+                pad_id: int, drafter: DraftModel | None = None,
+                proposers: tuple[Proposer, ...] = ()) -> DecodeState:
+  """A state of `b` done rows (with the draft model's state when there is one, and that of each
+  of `proposers`, from an empty context of `context_len` slots)."""
   i32 = lambda: jnp.zeros((b,), jnp.int32)
+  context_BxH = jnp.full((b, context_len), -1, jnp.int32)
   return DecodeState(
       draft=drafter.init_state(cfg, b, cache_len) if drafter is not None else None,
       cache=kvc.init_cache(cfg, b, cache_len), logits_BxV=jnp.zeros((b, cfg.vocab_size)),
       sample_id_B=i32(), t_B=i32(), done_B=jnp.ones((b,), bool), stopped_B=jnp.zeros((b,), bool),
       tokens_BxN=jnp.full((b, n), pad_id, jnp.int32), logprobs_BxN=jnp.zeros((b, n), jnp.float32),
       spec=SpecState(pending_B=jnp.full((b,), -1, jnp.int32), steps_B=i32(), tokens_B=i32()),
-      history=History(jnp.full((b, history), -1, jnp.int32), len_B=i32(), corpus_len_B=i32()),
+      proposers={p.name: p.start(context_BxH, i32()) for p in proposers},
       captured=Captured(
           jnp.zeros((b, n if capture else 0, cfg.d_model), jnp.dtype(cfg.dtype)),
           jnp.zeros((b, cfg.d_model), jnp.dtype(cfg.dtype))))
@@ -130,15 +123,13 @@ def emit(st: DecodeState, toks_BxM, logps_BxM, hidden_BxMxD, m_B, stop_ids, n: i
   hidden = st.captured.hidden_BxNxD
   if hidden.shape[1]:
     hidden = hidden.at[rows, pos_BxM].set(hidden_BxMxD.astype(hidden.dtype), mode="drop")
-  h = st.history
-  hpos_BxM = jnp.where(keep_BxM, h.len_B[:, None] + j_M[None], h.tokens_BxH.shape[1])
-  history = History(h.tokens_BxH.at[rows, hpos_BxM].set(toks_BxM, mode="drop"),
-                    len_B=h.len_B + keep_B, corpus_len_B=h.corpus_len_B)
+  proposers = {name: get_proposer(name).after_emit(part, toks_BxM, keep_B)
+               for name, part in st.proposers.items()}
   t_B = st.t_B + keep_B
   hit_stop_B = live_B & (first_stop_B < keep_B)
   done_B = st.done_B | hit_stop_B | (t_B >= n)
   return dataclasses.replace(
-      st, tokens_BxN=tokens, logprobs_BxN=logprobs, history=history, t_B=t_B, done_B=done_B,
+      st, tokens_BxN=tokens, logprobs_BxN=logprobs, proposers=proposers, t_B=t_B, done_B=done_B,
       captured=dataclasses.replace(st.captured, hidden_BxNxD=hidden),
       stopped_B=st.stopped_B | hit_stop_B), keep_B
 

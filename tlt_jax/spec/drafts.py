@@ -1,5 +1,5 @@
-"""What a proposer hands the speculative step: a chain or a tree of drafts; and what every chain
-proposer shares."""
+"""What a proposer hands the speculative step: a chain or a tree of drafts; and what every
+proposer, and every chain proposer, shares."""
 
 from __future__ import annotations
 
@@ -32,11 +32,23 @@ class TreeDrafts:
   draft: Any = None
 
 
-class ChainProposer:
-  """A proposer of a chain of `arm.depth` drafts (a base for `spec.proposer.Proposer`s): each
-  verify forward checks the `depth` drafts and writes their cache slots."""
+class BaseProposer:
+  """What a `spec.proposer.Proposer` keeps unless it says otherwise: no per-row state of its
+  own (the hooks below are no-ops)."""
 
   tree = False
+  reads_context = False
+
+  def start(self, context_BxH: jax.Array, len_B: jax.Array) -> Any:
+    return None
+
+  def after_emit(self, state: Any, tokens_BxM: jax.Array, keep_B: jax.Array) -> Any:
+    return state
+
+
+class ChainProposer(BaseProposer):
+  """A proposer of a chain of `arm.depth` drafts (a base for `spec.proposer.Proposer`s): each
+  verify forward checks the `depth` drafts and writes their cache slots."""
 
   def verified(self, arm, rule: str) -> int:
     return arm.depth

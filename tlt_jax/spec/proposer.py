@@ -5,6 +5,11 @@ proposer for drafts, a chain or a tree, and verifies them exactly whatever they 
 `suffix` (model-free, `suffix.py`), and `eagle` / `tree`, a chain or an EAGLE-2 tree drafted by the
 engine's draft model. A new proposer is one class with the `Proposer` methods plus `register`.
 
+A proposer that `reads_context` keeps per-row state of its own, built from each row's context
+(earlier text the caller gives for its prompt, then the prompt) at prefill (`start`) and kept in
+step with what the row emits (`after_emit`); the engine holds it in `DecodeState.proposers` under
+the proposer's name, compacts it with the rows, and knows nothing of what it holds.
+
 A draft model (the EAGLE drafter, `drafter/proposer.py`) has weights, keeps a cache in step with
 the target's, and reads the target's features; the engine holds it only through `DraftModel`, so
 `rollout` imports no implementation of it.
@@ -24,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tlt_jax.spec.drafts import ChainDrafts, ChainProposer, TreeDrafts
+from tlt_jax.spec.drafts import BaseProposer, ChainDrafts, ChainProposer, TreeDrafts
 from tlt_jax.spec.suffix import SuffixProposer
 
 
@@ -34,6 +39,7 @@ class Proposer(Protocol):
   name: str
   tree: bool               # drafts a tree (verified with a tree mask), else a chain
   uses_draft_model: bool   # drafts with the engine's `DraftModel`
+  reads_context: bool      # keeps per-row state from the rows' context (`start`, `after_emit`)
   fields: tuple[str, ...]  # the `Strategy` fields a config tuple gives after the name
 
   def check(self, arm) -> None:
@@ -51,6 +57,13 @@ class Proposer(Protocol):
   def draft(self, target, drafter, st, s0_B: jax.Array, arm, params, key, rule: str,
             live_B: jax.Array) -> ChainDrafts | TreeDrafts:
     """Drafts after (chain) or under (tree) each row's next token `s0`."""
+
+  def start(self, context_BxH: jax.Array, len_B: jax.Array) -> Any:
+    """Its per-row state after prefill: each row's context (`context_BxH`, -1 past `len_B`;
+    its width leaves room for the whole response)."""
+
+  def after_emit(self, state: Any, tokens_BxM: jax.Array, keep_B: jax.Array) -> Any:
+    """Its state after each row emitted the first `keep_B` of `tokens_BxM`."""
 
 
 class DraftModel(Protocol):
@@ -116,7 +129,7 @@ class DraftChain(ChainProposer):
     return ChainDrafts(tokens_BxK, jnp.ones(tokens_BxK.shape, bool), q_BxKxV, draft)
 
 
-class DraftTree:
+class DraftTree(BaseProposer):
   """The `tree` arms: an EAGLE-2 dynamic tree from the draft model: `depth` levels, the `topk`
   best nodes of each level expanded with their `topk` best children, and the `nodes` drafts of
   highest cumulative draft score verified in one target forward (under the `rejection` rule

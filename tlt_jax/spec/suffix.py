@@ -9,10 +9,22 @@ deterministic (a point mass for the rejection rule).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
 from tlt_jax.spec.drafts import ChainDrafts, ChainProposer
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class History:
+  """The text each row searches: its context (corpus, then prompt), then its response so far
+  (`tokens_BxH`, -1 past `len_B`)."""
+
+  tokens_BxH: jax.Array
+  len_B: jax.Array
 
 
 class SuffixProposer(ChainProposer):
@@ -21,7 +33,19 @@ class SuffixProposer(ChainProposer):
 
   name = "suffix"
   uses_draft_model = False
+  reads_context = True
   fields = ("depth", "ngram")
+
+  def start(self, context_BxH, len_B) -> History:
+    return History(context_BxH, len_B)
+
+  def after_emit(self, h: History, tokens_BxM, keep_B) -> History:
+    b, m = tokens_BxM.shape
+    j_M = jnp.arange(m)
+    pos_BxM = jnp.where(j_M[None] < keep_B[:, None], h.len_B[:, None] + j_M[None],
+                        h.tokens_BxH.shape[1])  # past the end: dropped
+    return History(h.tokens_BxH.at[jnp.arange(b)[:, None], pos_BxM].set(tokens_BxM, mode="drop"),
+                   h.len_B + keep_B)
 
   def check(self, arm) -> None:
     if arm.ngram < 1:
@@ -32,41 +56,36 @@ class SuffixProposer(ChainProposer):
 
   def draft(self, target, drafter, st, s0_B, arm, params, key, rule: str, live_B) -> ChainDrafts:
     rows = jnp.arange(s0_B.shape[0])
-    h = st.history
+    h = st.proposers[self.name]
     hist = h.tokens_BxH.at[rows, h.len_B].set(s0_B, mode="drop")
-    drafts_BxK, _ = suffix_propose(hist, h.len_B + 1, arm.depth, arm.ngram)
+    drafts_BxK = suffix_propose(hist, h.len_B + 1, arm.depth, arm.ngram)
     valid_BxK = jnp.cumprod((drafts_BxK >= 0).astype(jnp.int32), axis=1).astype(bool)
     return ChainDrafts(drafts_BxK, valid_BxK, None)
 
 
-def suffix_propose(seq_BxL: jax.Array, len_B: jax.Array, k: int, ngram: int,
-                   valid_from_B: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-  """Drafts `[B, k]` continuing `seq[:len]`, and the matched n-gram length `[B]` (0: none).
+def suffix_propose(seq_BxL: jax.Array, len_B: jax.Array, k: int, ngram: int) -> jax.Array:
+  """Drafts `[B, k]` continuing `seq[:len]` (-1 where nothing follows a match, or none is found).
 
-  `seq_BxL` holds corpus then context; positions `< valid_from` (default 0) are unused padding.
   Drafts never read past `len` (positions not yet written propose -1, which never matches).
   """
-  b, l = seq_BxL.shape
-  valid_from_B = jnp.zeros((b,), jnp.int32) if valid_from_B is None else valid_from_B
+  l = seq_BxL.shape[1]
 
-  def row(seq_L, n_len, start):
+  def row(seq_L, n_len):
     pos_L = jnp.arange(l)
-    best_end, best_n = jnp.int32(-1), jnp.int32(0)
-    for n in range(1, ngram + 1):  # longer n-grams overwrite shorter ones where found
-      q = jax.lax.dynamic_slice(seq_L, (jnp.maximum(n_len - n, 0),), (n,)) if n <= l else None
+    best_end = jnp.int32(-1)
+    for n in range(1, min(ngram, l) + 1):  # longer n-grams overwrite shorter ones where found
+      q = jax.lax.dynamic_slice(seq_L, (jnp.maximum(n_len - n, 0),), (n,))
       ok_L = jnp.ones((l,), bool)
       for j in range(n):
         shifted = jnp.roll(seq_L, n - j)  # shifted[e] = seq[e - n + j]
         ok_L &= shifted == q[j]
-      # e: index right after the match; the match must lie in [start, len - 1) and end before
-      # the query itself so that at least one known token follows it.
-      ok_L &= (pos_L - n >= start) & (pos_L < n_len) & (n_len >= n)
+      # e: index right after the match; the match must lie in [0, len - 1) and end before the
+      # query itself so that at least one known token follows it.
+      ok_L &= (pos_L >= n) & (pos_L < n_len) & (n_len >= n)
       end = jnp.max(jnp.where(ok_L, pos_L, -1))
-      found = end >= 0
-      best_end = jnp.where(found, end, best_end)
-      best_n = jnp.where(found, n, best_n)
+      best_end = jnp.where(end >= 0, end, best_end)
     idx_K = best_end + jnp.arange(k)
     drafts = jnp.where((best_end >= 0) & (idx_K < n_len), seq_L[jnp.clip(idx_K, 0, l - 1)], -1)
-    return drafts.astype(jnp.int32), best_n
+    return drafts.astype(jnp.int32)
 
-  return jax.vmap(row)(seq_BxL, len_B, valid_from_B)
+  return jax.vmap(row)(seq_BxL, len_B)
