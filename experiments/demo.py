@@ -1,5 +1,6 @@
-"""The demo: the warm start (shipped; else cached, or trained), the task's properties, then a
-GRPO baseline run and a TLT run of its first steps (see experiments/configs/demo.py).
+"""The demo: the warm start (shipped; else cached, or trained), a GRPO baseline run whose first
+held-out evaluation gives the task's properties, and a TLT run of its first steps (see
+experiments/configs/demo.py).
 
   python -m experiments.demo --config=experiments/configs/demo.py
 Re-running it resumes or reuses the runs under `out_dir`. The last line printed is one JSON object.
@@ -19,11 +20,10 @@ from ml_collections import config_flags  # noqa: E402
 
 from experiments import launch  # noqa: E402
 from tlt_jax import sft  # noqa: E402
-from tlt_jax.evaluation import evaluate_task  # noqa: E402
 from tlt_jax.hashing import provenance  # noqa: E402
+from tlt_jax.rl.compare import read_metrics  # noqa: E402
 from tlt_jax.rl.config import run_config  # noqa: E402
 from tlt_jax.rl.run import run_pair  # noqa: E402
-from tlt_jax.tasks.arithmetic import TaskConfig  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/demo.py")
 
@@ -39,17 +39,16 @@ def main(argv):
     c[name].out_dir = os.path.join(c.out_dir, name)
     c[name].cache_dir = c.cache_dir
     runs.append(run_config(c[name]))  # both runs' settings, checked before the warm start
-  model, summary = sft.warm_start(c.warm_start)
+  _, summary = sft.warm_start(c.warm_start)
   print(f"[demo] warm start {provenance(summary)}: {summary['cache']}")
-  ev = c.eval
-  stats = evaluate_task(model, TaskConfig.from_dict(c.warm_start.task),
-                        num_prompts=ev.num_prompts, group_size=ev.group_size,
-                        temperature=ev.temperature, seed=ev.seed)
-  print(f"[demo] warm start, {ev.num_prompts} prompts x {ev.group_size} samples at temperature "
-        f"{ev.temperature}: accuracy {stats['accuracy']:.3f}, response length p50 "
-        f"{stats['length_p50']:.0f} / p99 {stats['length_p99']:.0f}, mixed-reward groups "
-        f"{stats['mixed_group_fraction']:.2f}")
   pair = run_pair(*runs)
+  # The baseline's evaluation before its first step is of the warm start: the task's properties.
+  ev = next(m for m in read_metrics(runs[0].out_dir) if "eval/accuracy" in m)
+  stats = {k.removeprefix("eval/"): v for k, v in ev.items() if k.startswith("eval/")}
+  print(f"[demo] warm start on {pair['heldout_prompts']} held-out prompts x "
+        f"{runs[0].loop.eval_group_size} samples at temperature {runs[0].workload.temperature}: "
+        f"accuracy {stats['accuracy']:.3f}, response length p50 {stats['length_p50']:.0f} / p99 "
+        f"{stats['length_p99']:.0f}, mixed-reward groups {stats['mixed_group_fraction']:.2f}")
   print(f"[demo] GRPO, {pair['baseline_steps']} steps: held-out accuracy "
         f"{pair['heldout_before']:.3f} -> {pair['heldout_after']:.3f} on "
         f"{pair['heldout_prompts']} prompts (change {pair['heldout_gain']:+.3f}, standard error "

@@ -1,11 +1,12 @@
-"""The demo: the `tiny` warm start (shipped with the package), the task's properties, then GRPO
-from it: a baseline run long enough to raise held-out accuracy, and a TLT run (speculative
-decoding, `coupled` rule, and the adaptive drafter training on the rollout shard that finishes
-first) over the baseline's first `tlt.train.steps` steps, on the same schedule: under the
-`coupled` rule it is the same run, so its rewards equal the baseline's and the speed figures
-compare those steps. Both split the rollout over 2 shards (2 fake CPU devices, which the demo
-asks for when XLA_FLAGS is unset). Both runs start from `warm_start` and keep their caches in
-`cache_dir`; their directories are `out_dir`/baseline and `out_dir`/tlt.
+"""The demo: the `tiny` warm start (shipped with the package), then GRPO from it: a baseline run
+long enough to raise held-out accuracy (its evaluation before the first step, of the warm start,
+gives the task's properties: accuracy, the long tail of lengths, mixed-reward groups), and a
+TLT run (speculative decoding, `coupled` rule, and the adaptive drafter training on the rollout
+shard that finishes first) over the baseline's first `tlt.train.steps` steps, on the same
+schedule: under the `coupled` rule it is the same run, so its rewards equal the baseline's and
+the speed figures compare those steps. Both split the rollout over 2 shards (2 fake CPU devices,
+which the demo asks for when XLA_FLAGS is unset). Both runs start from `warm_start` and keep
+their caches in `cache_dir`; their directories are `out_dir`/baseline and `out_dir`/tlt.
 
 Run:
   make demo            # = python -m experiments.demo --config=experiments/configs/demo.py
@@ -28,8 +29,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.out_dir = "runs/demo"
   c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
   c.warm_start = base.warm_start(small)
-  c.eval = ml_collections.ConfigDict(dict(num_prompts=128, group_size=8, temperature=1.0,
-                                          seed=4321))
   c.baseline = base.tiny_run("tiny_baseline", "small" if small else "")
   c.tlt = base.with_tlt(base.tiny_run("tiny_tlt", "small" if small else ""), small)
   for run in (c.baseline, c.tlt):
@@ -54,8 +53,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   # Two proposers and the plain arm: each arm is a program per batch bucket <= threshold and
   # shard, all built by the warm-up (tiny_tlt's depth-6 EAGLE arm is the costliest to compile).
   c.tlt.spec.arms = (("eagle", 3, 0), ("suffix", 4, 3), ("plain", 1, 0))
-  if small:
-    c.eval.num_prompts, c.eval.group_size = 8, 4
   if variant == "drafter":  # the TLT run's config with the demo's warm start, on one device
     c.tlt.rollout.engine.num_shards = 1
     c.tlt.drafter.eval_prompts = 16  # as drafter_tiny's: held-out prompts it is judged on

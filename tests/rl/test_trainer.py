@@ -86,6 +86,17 @@ def test_held_out_evaluation_and_the_rollout_record(tmp_path):
   hist = tr.run(progress=False)
   assert [("eval/accuracy" in m) for m in hist] == [True, False, True]
   assert "final_eval/accuracy" in hist[-1] and 0.0 <= hist[-1]["final_eval/accuracy"] <= 1.0
+  # Each evaluation's figures agree with its per-prompt accuracies (what the demo reports as the
+  # task's properties): accuracy their mean, mixed-reward groups those strictly inside (0, 1).
+  evals = [json.loads(l) for l in (tmp_path / "eval.jsonl").read_text().splitlines()]
+  figures = [hist[0], hist[2], {k.removeprefix("final_"): v for k, v in hist[-1].items()}]
+  assert [e["step"] for e in evals] == [0, 2, 3] and len(evals[0]["per_prompt_accuracy"]) == 6
+  for e, m in zip(evals, figures):
+    acc = np.array(e["per_prompt_accuracy"])
+    assert m["eval/accuracy"] == pytest.approx(acc.mean())
+    assert m["eval/mixed_group_fraction"] == pytest.approx(np.mean((acc > 0) & (acc < 1)))
+    assert m["eval/length_p50"] <= m["eval/length_p99"] <= m["eval/length_max"] <= 12
+  assert any(0 < x < 1 for e in evals for x in e["per_prompt_accuracy"])
   for m in hist:
     assert 0.0 <= m["tail_s"] <= m["rollout_s"] and m["accuracy"] == m["reward"]  # 0/1 reward
   records = [json.loads(l) for l in (tmp_path / "rollouts.jsonl").read_text().splitlines()]

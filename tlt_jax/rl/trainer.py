@@ -30,6 +30,7 @@ from tqdm import tqdm
 from tlt_jax.checkpoint import Checkpointer
 from tlt_jax.drafter.adaptive import AdaptiveDrafter
 from tlt_jax.drafter.proposer import as_proposer
+from tlt_jax.evaluation import group_stats
 from tlt_jax.models.pretrained import save_pretrained
 from tlt_jax.models.sharding import make_mesh
 from tlt_jax.rl.hooks import Checkpoints, Evaluation, Export, Hook, StopSpotTraining
@@ -116,7 +117,9 @@ class LoopConfig:
 class Trainer:
   """One RL run of `loop`'s settings with `learner`'s algorithm on `workload`'s prompts (or
   `prompt_pool` with `answers`); `eval_prompts` (with answers) are scored every
-  `loop.eval_every` steps, at step 0 and at the end (`eval/accuracy`)."""
+  `loop.eval_every` steps, at step 0 and at the end (`eval/accuracy`, the response lengths'
+  percentiles and the fraction of groups with mixed rewards: the task's properties for this
+  policy)."""
 
   def __init__(self, workload, loop: LoopConfig, *, engine_cfg: EngineConfig, learner: Learner,
                optim: OptimConfig, spec: SpecConfig | None = None, drafter=None, adaptive=None,
@@ -162,16 +165,18 @@ class Trainer:
     return rng.choice(len(self.pool_prompts), self.prompts_per_step, replace=False)
 
   def evaluate(self) -> tuple[dict, list[float]]:
-    """Held-out accuracy of the current policy (fixed key: the same samples' noise every time),
-    and each held-out prompt's accuracy (what a paired before/after comparison needs)."""
+    """Held-out accuracy of the current policy (fixed key: the same samples' noise every time)
+    with `evaluation.group_stats`' figures, and each held-out prompt's accuracy (what a paired
+    before/after comparison needs)."""
     res = self.engine.generate(self.eval_prompts, self.loop.eval_group_size, self.w.params,
                                self._key(_EVAL_KEY))
     g = self.loop.eval_group_size
     rewards = np.array([self.w.reward_fn(res.response(i), self.eval_answers[i // g])
                         for i in range(len(res.lengths))], np.float32)
-    per_prompt = (rewards >= 1.0).reshape(-1, g).mean(axis=1)
-    return {"eval/accuracy": float(per_prompt.mean()), "eval/reward": float(rewards.mean()),
-            "eval/length_p50": float(np.percentile(res.lengths, 50))}, per_prompt.tolist()
+    correct_NxG = (rewards >= 1.0).reshape(-1, g).astype(np.float32)
+    stats = group_stats(correct_NxG, res.lengths)  # accuracy, lengths, mixed-reward groups
+    return ({f"eval/{k}": v for k, v in stats.items()} | {"eval/reward": float(rewards.mean())},
+            correct_NxG.mean(axis=1).tolist())
 
   def _key(self, data: int) -> jax.Array:
     return jax.random.fold_in(jax.random.key(self.seed), data)
