@@ -88,7 +88,7 @@ def test_held_out_evaluation_and_the_rollout_record(tmp_path):
   assert "final_eval/accuracy" in hist[-1] and 0.0 <= hist[-1]["final_eval/accuracy"] <= 1.0
   # Each evaluation's figures agree with its per-prompt accuracies (what the demo reports as the
   # task's properties): accuracy their mean, mixed-reward groups those strictly inside (0, 1).
-  evals = [json.loads(l) for l in (tmp_path / "eval.jsonl").read_text().splitlines()]
+  evals = [json.loads(x) for x in (tmp_path / "eval.jsonl").read_text().splitlines()]
   figures = [hist[0], hist[2], {k.removeprefix("final_"): v for k, v in hist[-1].items()}]
   assert [e["step"] for e in evals] == [0, 2, 3] and len(evals[0]["per_prompt_accuracy"]) == 6
   for e, m in zip(evals, figures):
