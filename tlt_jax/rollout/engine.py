@@ -55,7 +55,7 @@ class EngineConfig:
   compile_cache_dir: str = ""
   precompile: bool = True        # generate() compiles its call's other programs in the background
   # The longest prompt (tokens) the engine serves. With max_new_tokens it fixes the cache and
-  # history lengths of every executable, so a call's prompts never change which programs run and
+  # context lengths of every executable, so a call's prompts never change which programs run and
   # `warm_up` can build them all before the first call. 0: sized by each call's longest prompt
   # (its prefill bucket), so a call with a new prompt bucket builds a new family of programs.
   max_prompt_len: int = 0
@@ -182,23 +182,24 @@ class RolloutEngine:
     sh = self.weights.sharding(shard)
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree)
 
-  def _empty_state(self, b: int, cache_len: int, n: int, capture: bool, hist: int,
+  def _empty_state(self, b: int, cache_len: int, n: int, capture: bool, ctx_len: int,
                    drafter: DraftModel | None):
-    return empty_state(self.model_cfg, b, cache_len, n, capture, hist, self.pad_id, drafter,
+    return empty_state(self.model_cfg, b, cache_len, n, capture, ctx_len, self.pad_id, drafter,
                        self.context_proposers)
 
-  def _state_shape(self, b: int, cache_len: int, n: int, capture: bool, hist: int):
-    return jax.eval_shape(lambda: self._empty_state(b, cache_len, n, capture, hist, self.drafter))
+  def _state_shape(self, b: int, cache_len: int, n: int, capture: bool, ctx_len: int):
+    return jax.eval_shape(
+        lambda: self._empty_state(b, cache_len, n, capture, ctx_len, self.drafter))
 
-  def _prefill_exe(self, shard, b, u, p, cache_len, n, capture, hist):
+  def _prefill_exe(self, shard, b, u, p, cache_len, n, capture, ctx_len):
     """Prefill of `b` rows whose prompts are `u` distinct ones (`u` < `b`: the G samples of a
     prompt share one forward, and its cache rows are copied to them; `u` == `b`: one row each)."""
-    key = ("prefill", shard, b, u, p, cache_len, n, capture, hist)
+    key = ("prefill", shard, b, u, p, cache_len, n, capture, ctx_len)
     cfg = self.model_cfg
 
     def fn(weights, prompts_UxP, lens_U, src_B, ids_B, active_B, context_BxH, context_len_B):
       model, drafter = self._merge(weights)
-      st = self._empty_state(b, cache_len, n, capture, hist, drafter)
+      st = self._empty_state(b, cache_len, n, capture, ctx_len, drafter)
       shared = u < b
       rows_of = (lambda x: x[src_B]) if shared else (lambda x: x)
       cache = kvc.init_cache(cfg, u, cache_len) if shared else st.cache
@@ -221,7 +222,7 @@ class RolloutEngine:
     def build():
       i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
       args = (self.weights.abstract(), i32(u, p), i32(u), i32(b), i32(b),
-              jax.ShapeDtypeStruct((b,), bool), i32(b, hist), i32(b))
+              jax.ShapeDtypeStruct((b,), bool), i32(b, ctx_len), i32(b))
       return fn, tuple(self._abstract(a, shard) for a in args), ()
     return key, build
 
@@ -237,10 +238,10 @@ class RolloutEngine:
     src[: len(prompt_idx)] = [pos[q] for q in prompt_idx]
     return uniq, u, src
 
-  def _loop_exe(self, shard, b, cache_len, n, capture, hist, params: SamplingParams, step_fn,
+  def _loop_exe(self, shard, b, cache_len, n, capture, ctx_len, params: SamplingParams, step_fn,
                 name):
     """A dispatch: up to `steps_per_dispatch` applications of `step_fn` (stops when all done)."""
-    key = (name, shard, b, cache_len, n, capture, hist, params)
+    key = (name, shard, b, cache_len, n, capture, ctx_len, params)
     k_steps, pad_id = self.cfg.steps_per_dispatch, self.pad_id
     stop_ids = jnp.array(params.stop_tokens or (-1,), jnp.int32)
 
@@ -252,28 +253,28 @@ class RolloutEngine:
       return jax.lax.while_loop(cond, body, (jnp.int32(0), state))[1]
 
     def build():
-      args = (self.weights.abstract(), self._state_shape(b, cache_len, n, capture, hist),
+      args = (self.weights.abstract(), self._state_shape(b, cache_len, n, capture, ctx_len),
               jax.eval_shape(lambda: jax.random.key(0)))
       return fn, tuple(self._abstract(a, shard) for a in args), (1,)
     return key, build
 
-  def _decode_exe(self, shard, b, cache_len, n, capture, hist, params):
+  def _decode_exe(self, shard, b, cache_len, n, capture, ctx_len, params):
     step = functools.partial(plain_step, follow=not self.lazy_follow)
-    return self._loop_exe(shard, b, cache_len, n, capture, hist, params, step, "decode")
+    return self._loop_exe(shard, b, cache_len, n, capture, ctx_len, params, step, "decode")
 
-  def _spec_exe(self, shard, b, cache_len, n, capture, hist, params, strategy):
+  def _spec_exe(self, shard, b, cache_len, n, capture, ctx_len, params, strategy):
     step = functools.partial(spec_step, strategy=strategy, rule=self.spec.config.rule)
-    return self._loop_exe(shard, b, cache_len, n, capture, hist, params, step,
+    return self._loop_exe(shard, b, cache_len, n, capture, ctx_len, params, step,
                           ("spec", strategy, self.spec.config.rule))
 
-  def _compact_exe(self, shard, b_old, b_new, cache_len, n, capture, hist):
-    key = ("compact", shard, b_old, b_new, cache_len, n, capture, hist)
+  def _compact_exe(self, shard, b_old, b_new, cache_len, n, capture, ctx_len):
+    key = ("compact", shard, b_old, b_new, cache_len, n, capture, ctx_len)
 
     def fn(state, idx_B):
       return jax.tree.map(lambda x: x[idx_B], state)
 
     def build():
-      args = (self._state_shape(b_old, cache_len, n, capture, hist),
+      args = (self._state_shape(b_old, cache_len, n, capture, ctx_len),
               jax.ShapeDtypeStruct((b_new,), jnp.int32))
       return fn, tuple(self._abstract(a, shard) for a in args), ()  # shapes shrink: no reuse
     return key, build
@@ -309,7 +310,7 @@ class RolloutEngine:
     return bucket_for(longest, self.cfg.prefill_buckets)
 
   def layout(self, n: int, longest: int = 0) -> tuple[int, int]:
-    """(cache length, history length) of the executables for `n` new tokens: fixed by
+    """(cache length, context length) of the executables for `n` new tokens: fixed by
     `max_prompt_len` when it is set, else by `longest`, the call's longest prompt."""
     longest = self.cfg.max_prompt_len or longest
     p = bucket_for(longest, self.cfg.prefill_buckets)
@@ -337,10 +338,10 @@ class RolloutEngine:
     """
     p_bucket = self.validate(prompts, group_size, params)
     n = params.max_new_tokens
-    cache_len, hist = self.layout(n, max(len(p) for p in prompts))
+    cache_len, ctx_len = self.layout(n, max(len(p) for p in prompts))
     rows = [(i * group_size + g, i) for i in range(len(prompts)) for g in range(group_size)]
     call = _Call(prompts, rows, self._waves(len(rows)), params, p_bucket,
-                 (cache_len, n, capture_hidden or self.lazy_follow, hist), corpus or {},
+                 (cache_len, n, capture_hidden or self.lazy_follow, ctx_len), corpus or {},
                  [jax.device_put(key, self.weights.sharding(s)) for s in range(len(self.meshes))],
                  Results(len(rows), n, self.model_cfg.d_model, self.pad_id, capture_hidden),
                  Timeline(self.cfg.num_shards))
@@ -473,7 +474,7 @@ class RolloutEngine:
     return [[blk[i: i + self.cfg.max_batch] for i in range(0, len(blk), self.cfg.max_batch)]
             for blk in blocks]
 
-  def _reachable(self, s, wave_prompts, p_buckets, cache_len, n, capture, hist, params):
+  def _reachable(self, s, wave_prompts, p_buckets, cache_len, n, capture, ctx_len, params):
     """(key, build) of every executable shard `s` can run for waves whose rows have these prompt
     indices, with prompts in `p_buckets`: prefills, plain decoding and compaction at every bucket
     up to its widest wave, and speculative arms where they may run."""
@@ -482,24 +483,24 @@ class RolloutEngine:
       b = bucket_for(len(prompt_idx), self.cfg.batch_buckets)
       u = self._distinct(prompt_idx, b)[1]
       top = max(top, b)
-      out += [self._prefill_exe(s, b, u, p, cache_len, n, capture, hist) for p in p_buckets]
+      out += [self._prefill_exe(s, b, u, p, cache_len, n, capture, ctx_len) for p in p_buckets]
     reachable = [b for b in self.cfg.batch_buckets if b <= top]
     for b in reversed(reachable):
-      out.append(self._decode_exe(s, b, cache_len, n, capture, hist, params))
+      out.append(self._decode_exe(s, b, cache_len, n, capture, ctx_len, params))
       if self.spec is not None and self.spec.may_run(b):
-        out += [self._spec_exe(s, b, cache_len, n, capture, hist, params, arm)
+        out += [self._spec_exe(s, b, cache_len, n, capture, ctx_len, params, arm)
                 for arm in self.spec.config.arms if not arm.is_plain]
       smaller = [x for x in reachable if x < b]
       if smaller:  # compaction steps one bucket down at a time
-        out.append(self._compact_exe(s, b, smaller[-1], cache_len, n, capture, hist))
+        out.append(self._compact_exe(s, b, smaller[-1], cache_len, n, capture, ctx_len))
     return out
 
-  def _schedule_precompile(self, s, first_wave, cache_len, n, capture, hist, params, p_bucket):
+  def _schedule_precompile(self, s, first_wave, cache_len, n, capture, ctx_len, params, p_bucket):
     """Compiles, in the background, the executables this shard can reach from its first wave
     (`first_wave`: the prompt index of each of its rows) with this call's prompt bucket."""
     if not self.cfg.precompile or not first_wave:
       return
-    for key_build in self._reachable(s, [first_wave], [p_bucket], cache_len, n, capture, hist,
+    for key_build in self._reachable(s, [first_wave], [p_bucket], cache_len, n, capture, ctx_len,
                                      params):
       self.pool.precompile(*key_build, twins=self._twins(key_build[0]))
 
@@ -520,14 +521,14 @@ class RolloutEngine:
     lo, hi = (bucket_for(f(lengths), self.cfg.prefill_buckets) for f in (min, max))
     p_buckets = [p for p in self.cfg.prefill_buckets if lo <= p <= hi]
     n = params.max_new_tokens
-    cache_len, hist = self.layout(n)
+    cache_len, ctx_len = self.layout(n)
     capture = capture_hidden or self.lazy_follow
     keys = {}
     for num_prompts, group_size in calls:
       for s, waves in enumerate(self._waves(num_prompts * group_size)):
         wave_prompts = [[int(r) // group_size for r in wave] for wave in waves]
         for key, build in self._reachable(s, wave_prompts, p_buckets, cache_len, n, capture,
-                                          hist, params):
+                                          ctx_len, params):
           keys[key] = build
     built = compiles.Since()
     start = time.perf_counter()
