@@ -119,22 +119,39 @@ def product_chain(model, fused: bool = True):
   model's own kernels: each layer's q/k/v, o and MLP projections and the LM head, chained as in
   the step (the MLP after the attention output) but with no attention, norms, rotary embedding,
   cache write or sampling. `fused=False` runs the same products on separate q, k, v, gate and up
-  kernels (copies of the fused kernels' column blocks), the layout the model had before it fused
-  them: the two compute the same function, so their times compare the layouts alone."""
+  kernels (copies of the fused kernels' parts), the layout the model had before it fused them:
+  the two compute the same function, so their times compare the layouts alone."""
   cfg = model.cfg
-  nq, nk = cfg.n_heads * cfg.hd, cfg.n_kv_heads * cfg.hd
-  split = lambda w, at: [w] if fused else [jnp.array(p) for p in jnp.split(w, at, axis=1)]
-  kernels = [(split(blk.attn.qkv_proj.kernel[...], [nq, nq + nk]), blk.attn.o_proj.kernel[...],
-              split(blk.mlp.gate_up_proj.kernel[...], [cfg.d_ff]), blk.mlp.down_proj.kernel[...])
-             for blk in model.layers]
+  g = cfg.n_heads // cfg.n_kv_heads
+
+  def parts(w, pieces):
+    """The fused kernel `[D, ..., P, X]` as one `[D, ...]` matrix, or its pieces (ranges of the
+    P axis) as separate matrices."""
+    if fused:
+      return [w.reshape(w.shape[0], -1)]
+    return [jnp.array(w[..., a:b, :].reshape(w.shape[0], -1)) for a, b in pieces]
+
+  kernels = [(parts(blk.attn.qkv_proj.kernel[...], [(0, g), (g, g + 1), (g + 1, g + 2)]),
+              blk.attn.o_proj.kernel[...],
+              parts(blk.mlp.gate_up_proj.kernel[...], [(0, 1), (1, 2)]),
+              blk.mlp.down_proj.kernel[...]) for blk in model.layers]
   head = model.embed.embedding[...] if cfg.tie_embeddings else model.lm_head.kernel[...].T
+  b_kv, b_f = (cfg.n_kv_heads, g + 2, cfg.hd), (2, cfg.d_ff)
 
   @jax.jit
   def chain(kernels, head_VxD, x_BxD):
+    b = x_BxD.shape[0]
     for qkv_parts, o, gate_up_parts, down in kernels:
-      qkv = jnp.concatenate([x_BxD @ w for w in qkv_parts], axis=-1)
-      x_BxD = x_BxD + (qkv[:, :nq] + jnp.sum(qkv[:, nq:], -1, keepdims=True)) @ o
-      gate, up = jnp.split(jnp.concatenate([x_BxD @ w for w in gate_up_parts], axis=-1), 2, -1)
+      if fused:
+        qkv = (x_BxD @ qkv_parts[0]).reshape(b, *b_kv)
+        q, kv = qkv[:, :, :g].reshape(b, -1), qkv[:, :, g:].reshape(b, -1)
+        gate_up = (x_BxD @ gate_up_parts[0]).reshape(b, *b_f)
+        gate, up = gate_up[:, 0], gate_up[:, 1]
+      else:
+        q, k, v = (x_BxD @ w for w in qkv_parts)
+        kv = jnp.concatenate([k, v], axis=-1)
+        gate, up = (x_BxD @ w for w in gate_up_parts)
+      x_BxD = x_BxD + (q + jnp.mean(kv, -1, keepdims=True)) @ o
       x_BxD = x_BxD + (jax.nn.silu(gate) * up) @ down
     return jnp.einsum("vd,bd->bv", head_VxD, x_BxD)
 

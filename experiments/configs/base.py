@@ -157,7 +157,7 @@ def rl(**optim) -> CD:
 
 def train(**loop) -> CD:
   """The loop: `steps` of `prompts_per_step` prompts from a pool of `num_prompts` x `group_size`
-  samples; the update in `micro_batches` on a `mesh_shape` = (data, fsdp) mesh; a checkpoint
+  samples; the update in `micro_batches` on a `mesh_shape` = (data, fsdp[, tp]) mesh; a checkpoint
   every `checkpoint_every` steps; `eval_prompts` held-out prompts x `eval_group_size` scored every
   `eval_every` steps (0: off); `export`: the final policy (and drafter) to out_dir/export."""
   return CD(dict(dict(steps=20, num_prompts=512, prompts_per_step=16, group_size=8,

@@ -33,10 +33,11 @@ def test_product_chain_is_the_same_function_on_fused_and_separate_kernels(tied):
   assert out.shape == (2, model.cfg.vocab_size)
   np.testing.assert_allclose(out, sep(*sep_args, x), rtol=1e-5, atol=1e-5)
   # The same products through the model's own modules (its MLP and head included).
-  nq, ref = model.cfg.n_heads * model.cfg.hd, x
+  g, ref = model.cfg.n_heads // model.cfg.n_kv_heads, x
   for blk in model.layers:
-    qkv = blk.attn.qkv_proj(ref)
-    ref = ref + blk.attn.o_proj(qkv[:, :nq] + qkv[:, nq:].sum(-1, keepdims=True))
+    qkv = blk.attn.qkv_proj(ref)  # [B, K, G + 2, H]
+    q, kv = qkv[:, :, :g].reshape(2, -1), qkv[:, :, g:].reshape(2, -1)
+    ref = ref + blk.attn.o_proj(q + kv.mean(-1, keepdims=True))
     ref = ref + blk.mlp(ref)
   np.testing.assert_allclose(out, model.head(ref[:, None])[:, 0], rtol=1e-5, atol=1e-5)
   assert matmul_only_cost(model, batch=2, iters=2, fused=False) > 0

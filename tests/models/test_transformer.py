@@ -8,7 +8,7 @@ from flax import nnx
 
 from tests.conftest import small_config
 from tlt_jax.models import commit, init_cache, init_model
-from tlt_jax.models.layers import fused_linear
+from tlt_jax.models.weights import assign, export, permute_rope_rows
 
 
 def _rand_tokens(key, b, t, v=53):
@@ -93,38 +93,27 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
   gqa = init_model(small_config(n_heads=4, n_kv_heads=2, family="qwen2"), seed=3)
   mha = init_model(small_config(n_heads=4, n_kv_heads=4, family="qwen2"), seed=4)
   h = gqa.cfg.hd
-  nq, nk = 4 * h, 2 * h
-  repeat = lambda w: jnp.repeat(w.reshape(*w.shape[:-1], 2, h), 2, axis=-2).reshape(
-      *w.shape[:-1], -1)
-  for lg, lm in zip(gqa.layers, mha.layers):
-    for name in ("kernel", "bias"):  # q as is, each kv head's k and v columns repeated twice
-      w = getattr(lg.attn.qkv_proj, name)[...]
-      getattr(lm.attn.qkv_proj, name)[...] = jnp.concatenate(
-          [w[..., :nq], repeat(w[..., nq:nq + nk]), repeat(w[..., nq + nk:])], axis=-1)
-    lm.attn.o_proj = lg.attn.o_proj
-    lm.input_norm, lm.post_attn_norm, lm.mlp = lg.input_norm, lg.post_attn_norm, lg.mlp
-  mha.embed, mha.final_norm = gqa.embed, gqa.final_norm
+  tensors = export(gqa, gqa.cfg)
+  for name in list(tensors):  # each kv head's k and v rows (and biases) repeated twice
+    if ".k_proj." in name or ".v_proj." in name:
+      w = tensors[name]
+      tensors[name] = np.repeat(w.reshape(2, h, *w.shape[1:]), 2, axis=0).reshape(
+          4 * h, *w.shape[1:])
+  assign(mha, tensors, mha.cfg, "test")
   toks = _rand_tokens(7, 2, 10)
   np.testing.assert_allclose(gqa(toks).logits_BxTxV, mha(toks).logits_BxTxV, atol=1e-5)
-
-
-def _half_to_interleaved(w_DxNH, n, h):
-  """Permutes q/k output features so that interleaved RoPE computes what rotate-half did."""
-  w = w_DxNH.reshape(-1, n, 2, h // 2)
-  return jnp.swapaxes(w, 2, 3).reshape(w_DxNH.shape)
 
 
 def test_interleaved_rope_with_permuted_weights_equals_half_rope():
   half = init_model(small_config(rope_layout="half"), seed=5)
   inter = init_model(small_config(rope_layout="interleaved"), seed=6)
   cfg = half.cfg
-  nnx.update(inter, nnx.state(half))
-  for lh, li in zip(half.layers, inter.layers):
-    w = lh.attn.qkv_proj.kernel[...]
-    nq, nk = cfg.n_heads * cfg.hd, cfg.n_kv_heads * cfg.hd
-    li.attn.qkv_proj.kernel[...] = jnp.concatenate(
-        [_half_to_interleaved(w[:, :nq], cfg.n_heads, cfg.hd),
-         _half_to_interleaved(w[:, nq:nq + nk], cfg.n_kv_heads, cfg.hd), w[:, nq + nk:]], axis=1)
+  tensors = export(half, cfg)
+  for name in list(tensors):
+    heads = cfg.n_heads if ".q_proj." in name else cfg.n_kv_heads if ".k_proj." in name else 0
+    if heads:
+      tensors[name] = permute_rope_rows(tensors[name], heads, cfg.hd, to="interleaved")
+  assign(inter, tensors, cfg, "test")
   toks = _rand_tokens(8, 2, 10)
   np.testing.assert_allclose(half(toks).logits_BxTxV, inter(toks).logits_BxTxV, atol=1e-5)
   # And the layouts really differ without the permutation.
@@ -165,14 +154,51 @@ def test_bad_config_values_are_clear_errors():
     get_preset("nope")
 
 
-@pytest.mark.parametrize("use_bias", [False, True])
-def test_fused_linear_is_separately_initialised_projections_side_by_side(use_bias):
-  kw = dict(kernel_init=nnx.initializers.normal(0.02), param_dtype=jnp.float32,
-            dtype=jnp.float32)
-  fused = fused_linear(8, (4, 2, 2), use_bias=use_bias, rngs=nnx.Rngs(3), **kw)
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_seed_gives_the_model_of_separately_initialised_projections(family):
+  """The fused, head-major kernels hold what one `nnx.Linear` per projection would draw, in the
+  order q, k, v, o, gate, up, down per layer (and the layout of the kernels leaves it alone)."""
+  cfg = small_config(family=family, tie_embeddings=False)
+  model = init_model(cfg, seed=3)
   rngs = nnx.Rngs(3)
-  parts = [nnx.Linear(8, w, use_bias=use_bias, rngs=rngs, **kw) for w in (4, 2, 2)]
-  np.testing.assert_array_equal(fused.kernel[...],
-                                jnp.concatenate([p.kernel[...] for p in parts], axis=1))
-  x = jax.random.normal(jax.random.key(1), (3, 8))
-  np.testing.assert_allclose(fused(x), jnp.concatenate([p(x) for p in parts], -1), atol=1e-6)
+  kw = dict(kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+  want = {"model.embed_tokens.weight": nnx.Embed(
+      cfg.vocab_size, cfg.d_model, embedding_init=nnx.initializers.normal(0.02),
+      rngs=rngs).embedding[...]}
+  h, bias = cfg.hd, cfg.qkv_bias
+  for i in range(cfg.n_layers):
+    p = f"model.layers.{i}."
+    for name, (d_in, d_out), b in [
+        ("self_attn.q_proj", (cfg.d_model, cfg.n_heads * h), bias),
+        ("self_attn.k_proj", (cfg.d_model, cfg.n_kv_heads * h), bias),
+        ("self_attn.v_proj", (cfg.d_model, cfg.n_kv_heads * h), bias),
+        ("self_attn.o_proj", (cfg.n_heads * h, cfg.d_model), False),
+        ("mlp.gate_proj", (cfg.d_model, cfg.d_ff), False),
+        ("mlp.up_proj", (cfg.d_model, cfg.d_ff), False),
+        ("mlp.down_proj", (cfg.d_ff, cfg.d_model), False)]:
+      lin = nnx.Linear(d_in, d_out, use_bias=b, **kw)
+      want[p + name + ".weight"] = lin.kernel[...].T
+      if b:
+        want[p + name + ".bias"] = lin.bias[...]
+  want["lm_head.weight"] = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False,
+                                      **kw).kernel[...].T
+  got = export(model, cfg)
+  for name, w in want.items():
+    np.testing.assert_array_equal(got[name], np.asarray(w), err_msg=name)
+  assert bias == any(n.endswith(".bias") for n in got)
+
+
+def test_qkv_kernel_is_head_major():
+  """Each kv head's slice of `qkv_proj` holds its own query heads, key and value: what lets
+  `tp` split the kernel over kv heads."""
+  cfg = small_config(n_heads=4, n_kv_heads=2)
+  model = init_model(cfg, seed=1)
+  tensors, h = export(model, cfg), cfg.hd
+  kernel = np.asarray(model.layers[0].attn.qkv_proj.kernel[...])
+  assert kernel.shape == (cfg.d_model, 2, 4, h)
+  q = tensors["model.layers.0.self_attn.q_proj.weight"]  # [N H, D]
+  k = tensors["model.layers.0.self_attn.k_proj.weight"]
+  for kv in range(2):
+    np.testing.assert_array_equal(kernel[:, kv, :2].reshape(cfg.d_model, -1).T,
+                                  q[kv * 2 * h:(kv + 1) * 2 * h])
+    np.testing.assert_array_equal(kernel[:, kv, 2].T, k[kv * h:(kv + 1) * h])

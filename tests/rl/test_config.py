@@ -41,7 +41,8 @@ def test_no_config_imports_another_than_the_shared_base():
     (lambda c: c.train.update(stepz=1), "config.train has no key 'stepz'; did you mean "
                                         "config.train.steps?"),
     (lambda c: c.train.update(steps=0), "config.train: steps must be an integer >= 1"),
-    (lambda c: c.train.update(mesh_shape=(1, 0)), "config.train: mesh_shape must be (data, fsdp)"),
+    (lambda c: c.train.update(mesh_shape=(1, 0)),
+     "config.train: mesh_shape must be (data, fsdp) or (data, fsdp, tp)"),
     (lambda c: c.train.update(num_prompts=2), "config.train.num_prompts (the prompt pool) must be"),
     (lambda c: c.rollout.update(temperature=-1.0), "config.rollout: temperature must be >= 0"),
     (lambda c: c.rollout.update(temprature=1.0), "did you mean config.rollout.temperature?"),

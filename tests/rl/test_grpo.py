@@ -171,8 +171,13 @@ def test_same_update_on_a_2_device_mesh():
   out = run_on_fake_devices("tests.rl.mesh_worker")
   # Updates are ~lr = 1e-2 in size; cross-device reduction order moves them by float rounding,
   # which Adam's first step (g / |g|) can amplify for near-zero gradients: 1e-4 is 1% of a step.
-  assert out["max_diff_fsdp"] < 1e-4 and out["max_diff_data"] < 1e-4
+  assert max(out["max_diff_fsdp"], out["max_diff_data"], out["max_diff_tp"]) < 1e-4
   assert out["sharded"] is True
+  # Every layer's kernels split over tp; the embedding stays whole (tp = 2 does not divide the
+  # test model's 53-token vocabulary).
+  assert out["tp_split"] == ["down_proj/kernel", "gate_up_proj/kernel", "o_proj/kernel",
+                             "qkv_proj/kernel"]
+  assert out["tp_opt_split"] == 2 * 4 * 2  # Adam's two moments of each split kernel
 
 
 def _kl_updater(kl_coef, seed=0):

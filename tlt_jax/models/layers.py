@@ -11,10 +11,11 @@ from tlt_jax.models.config import ModelConfig
 
 
 class RMSNorm(nnx.Module):
-  """Root-mean-square norm with a learned scale, computed in float32."""
+  """Root-mean-square norm with a learned scale, computed in float32. `axis` is the logical axis
+  of the normalised dimension (the model width's scale stays whole on every device)."""
 
-  def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32):
-    self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
+  def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32, axis: str = "norm"):
+    self.scale = param(jnp.ones((dim,), param_dtype), (axis,))
     self.eps = eps
 
   def __call__(self, x):
@@ -68,54 +69,91 @@ def attention(q_BxTxNxH, segments) -> jax.Array:
   return out_BxKxGTxH.reshape(b, kh, n // kh, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
-def fused_linear(d_in: int, widths: tuple[int, ...], *, use_bias: bool, rngs: nnx.Rngs,
-                 kernel_init, param_dtype, dtype) -> nnx.Linear:
-  """One `nnx.Linear` whose kernel (and zero bias) are the column blocks of `len(widths)`
-  projections, each initialised as its own `nnx.Linear` would be: the same keys drawn from
-  `rngs` in the same order, so that a seed gives the same model whether its projections are
-  fused or not."""
-  kernels, biases = [], []
+def param(value: jax.Array, axes: tuple[str | None, ...]) -> nnx.Param:
+  """A parameter that declares the logical axis of each of its dimensions (`sharding.py` maps
+  them onto mesh axes; None: never split)."""
+  if len(axes) != value.ndim:
+    raise ValueError(f"{len(axes)} logical axes {axes} for a parameter of shape {value.shape}.")
+  return nnx.Param(value, axes=tuple(axes))
+
+
+def draw_kernels(rngs: nnx.Rngs, d_in: int, widths: tuple[int, ...], use_bias: bool, param_dtype
+                 ) -> list[tuple[jax.Array, jax.Array | None]]:
+  """(kernel `[d_in, width]`, zero bias or None) of `len(widths)` projections, drawn from `rngs`
+  in the order separate `nnx.Linear` layers would draw them (a key for the kernel, then one for
+  the bias), so that a seed gives the same model whatever the layout the kernels are stored in."""
+  init = nnx.initializers.normal(0.02)
+  out = []
   for width in widths:
-    kernels.append(kernel_init(rngs.params(), (d_in, width), param_dtype))
-    if use_bias:
-      biases.append(nnx.initializers.zeros_init()(rngs.params(), (width,), param_dtype))
-  return nnx.Linear(d_in, sum(widths), use_bias=use_bias, param_dtype=param_dtype, dtype=dtype,
-                    rngs=nnx.Rngs(0),  # unused: both initialisers return the blocks drawn above
-                    kernel_init=lambda *_: jnp.concatenate(kernels, axis=1),
-                    bias_init=lambda *_: jnp.concatenate(biases))
+    kernel = init(rngs.params(), (d_in, width), param_dtype)
+    bias = (nnx.initializers.zeros_init()(rngs.params(), (width,), param_dtype)
+            if use_bias else None)
+    out.append((kernel, bias))
+  return out
+
+
+class Dense(nnx.Module):
+  """`x @ kernel (+ bias)`, contracting x's last axis with the kernel's first: the kernel is
+  `[D_in, *out]` (a projection whose output keeps a structure, e.g. `[K, G + 2, H]`), the bias
+  `[*out]`. Both declare logical axes."""
+
+  def __init__(self, kernel: jax.Array, axes: tuple[str | None, ...],
+               bias: jax.Array | None = None, *, dtype):
+    self.kernel = param(kernel, axes)
+    self.bias = param(bias, axes[1:]) if bias is not None else None
+    self.dtype = dtype
+
+  def __call__(self, x):
+    y = jnp.tensordot(x.astype(self.dtype), self.kernel[...].astype(self.dtype), axes=1)
+    return y if self.bias is None else y + self.bias[...].astype(self.dtype)
+
+
+def dense(rngs: nnx.Rngs, d_in: int, d_out: int, axes: tuple[str | None, str | None], cfg
+          ) -> Dense:
+  """A `[d_in, d_out]` projection without bias, initialised as `nnx.Linear` would be."""
+  ((kernel, _),) = draw_kernels(rngs, d_in, (d_out,), False, jnp.dtype(cfg.param_dtype))
+  return Dense(kernel, axes, dtype=jnp.dtype(cfg.dtype))
 
 
 class Attention(nnx.Module):
   """Multi-head attention with grouped kv heads, RoPE, and the family's optional q/k/v bias
   (Qwen2) and per-head q/k RMSNorm before RoPE (Qwen3).
 
-  q, k and v come from one `[D, (N + 2K) H]` kernel (`qkv_proj`, columns in that order): a decode
-  step then makes one matrix-vector product where it made three. XLA:CPU runs a product of this
-  size on one core whatever the thread count, at a bandwidth that grows with the matrix, so fewer,
-  larger products bring a batch-1 step nearer the weight-read floor (docs/BENCHMARKS.md). The
-  loaders and the exporter map Hugging Face's separate q/k/v tensors to and from its columns.
+  q, k and v come from one kernel `[D, K, G + 2, H]` (`qkv_proj`): for each kv head, its G query
+  heads, then its key, then its value. A decode step then makes one matrix-vector product where
+  it made three (XLA:CPU runs a product of this size on one core whatever the thread count, at a
+  bandwidth that grows with the matrix, so fewer, larger products bring a batch-1 step nearer the
+  weight-read floor: docs/BENCHMARKS.md), and splitting the kv-head axis over `tp` gives each
+  device whole heads with their queries. The loaders and the exporter map Hugging Face's
+  separate q/k/v tensors to and from it (`weights.py`).
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    d, h = cfg.d_model, cfg.hd
-    kw = dict(param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype), rngs=rngs,
-              kernel_init=nnx.initializers.normal(0.02))
-    self.qkv_proj = fused_linear(d, (cfg.n_heads * h, cfg.n_kv_heads * h, cfg.n_kv_heads * h),
-                                 use_bias=cfg.qkv_bias, **kw)
-    self.o_proj = nnx.Linear(cfg.n_heads * h, d, use_bias=False, **kw)
+    d, h, kh = cfg.d_model, cfg.hd, cfg.n_kv_heads
+    g = cfg.n_heads // kh
+    pd = jnp.dtype(cfg.param_dtype)
+    (q, qb), (k, kb), (v, vb) = draw_kernels(rngs, d, (cfg.n_heads * h, kh * h, kh * h),
+                                             cfg.qkv_bias, pd)
+    head_major = lambda x_xW, n: x_xW.reshape(*x_xW.shape[:-1], kh, n, h)
+    kernel = jnp.concatenate([head_major(q, g), head_major(k, 1), head_major(v, 1)], axis=-2)
+    bias = (jnp.concatenate([head_major(qb, g), head_major(kb, 1), head_major(vb, 1)], axis=-2)
+            if cfg.qkv_bias else None)
+    self.qkv_proj = Dense(kernel, ("embed", "kv_heads", None, "head_dim"), bias,
+                          dtype=jnp.dtype(cfg.dtype))
+    self.o_proj = dense(rngs, cfg.n_heads * h, d, ("heads", "embed"), cfg)
     if cfg.qk_norm:
-      self.q_norm = RMSNorm(h, cfg.norm_eps, param_dtype=jnp.dtype(cfg.param_dtype))
-      self.k_norm = RMSNorm(h, cfg.norm_eps, param_dtype=jnp.dtype(cfg.param_dtype))
+      self.q_norm = RMSNorm(h, cfg.norm_eps, param_dtype=pd, axis="head_dim")
+      self.k_norm = RMSNorm(h, cfg.norm_eps, param_dtype=pd, axis="head_dim")
 
   def qkv(self, x_BxTxD, positions_BxT):
     cfg = self.cfg
     b, t, _ = x_BxTxD.shape
-    nq, nk = cfg.n_heads * cfg.hd, cfg.n_kv_heads * cfg.hd
-    qkv = self.qkv_proj(x_BxTxD)
-    q = qkv[..., :nq].reshape(b, t, cfg.n_heads, cfg.hd)
-    k = qkv[..., nq:nq + nk].reshape(b, t, cfg.n_kv_heads, cfg.hd)
-    v = qkv[..., nq + nk:].reshape(b, t, cfg.n_kv_heads, cfg.hd)
+    g = cfg.n_heads // cfg.n_kv_heads
+    qkv_BxTxKxG2xH = self.qkv_proj(x_BxTxD)
+    q = qkv_BxTxKxG2xH[..., :g, :].reshape(b, t, cfg.n_heads, cfg.hd)  # head n = kv head n // G
+    k = qkv_BxTxKxG2xH[..., g, :]
+    v = qkv_BxTxKxG2xH[..., g + 1, :]
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     q = apply_rope(q, positions_BxT, cfg.rope_theta, cfg.rope_layout)
@@ -128,15 +166,17 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-  """SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up as one `[D, 2F]` kernel
-  (`gate_up_proj`, gate's columns first) for the reason given in `Attention`."""
+  """SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up as one `[D, 2, F]` kernel
+  (`gate_up_proj`) for the reason given in `Attention`; splitting F over `tp` gives each device
+  its gate and up columns together."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    kw = dict(use_bias=False, param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype),
-              rngs=rngs, kernel_init=nnx.initializers.normal(0.02))
-    self.gate_up_proj = fused_linear(cfg.d_model, (cfg.d_ff, cfg.d_ff), **kw)
-    self.down_proj = nnx.Linear(cfg.d_ff, cfg.d_model, **kw)
+    (gate, _), (up, _) = draw_kernels(rngs, cfg.d_model, (cfg.d_ff, cfg.d_ff), False,
+                                      jnp.dtype(cfg.param_dtype))
+    self.gate_up_proj = Dense(jnp.stack([gate, up], axis=1), ("embed", None, "mlp"),
+                              dtype=jnp.dtype(cfg.dtype))
+    self.down_proj = dense(rngs, cfg.d_ff, cfg.d_model, ("mlp", "embed"), cfg)
 
   def __call__(self, x):
-    gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
-    return self.down_proj(jax.nn.silu(gate) * up)
+    gate_up_BxTx2xF = self.gate_up_proj(x)
+    return self.down_proj(jax.nn.silu(gate_up_BxTx2xF[..., 0, :]) * gate_up_BxTx2xF[..., 1, :])

@@ -1,50 +1,94 @@
-"""Sharding specs for model weights on a `(data, fsdp)` mesh.
+"""Sharding by logical axes: each weight names the logical axis of each dimension (`embed`,
+`vocab`, `heads`, `kv_heads`, `head_dim`, `mlp`, `norm`: `layers.param`), and `RULES` maps those
+onto mesh axes.
 
-Weights are fully sharded (FSDP): each parameter's largest dimension that the `fsdp` axis size
-divides is split over `fsdp`; everything else is replicated. Activations shard their batch over
-both axes. The same rule serves the policy, its optimizer state and the drafter.
+Meshes: the update runs on `(data, fsdp, tp)`; a rollout shard is a `(tp,)` sub-mesh
+(`rollout/shards.py`). The model width (`embed`) splits over `fsdp` (fully sharded data
+parallelism: every device holds a slice of every weight, gathered as a layer runs); heads, kv
+heads, the MLP width and the vocabulary split over `tp` (tensor parallelism: each device computes
+its own heads and MLP columns, with one reduction after the attention output and the MLP down
+projection). An axis a mesh lacks, or of size 1, splits nothing. `tp` must divide the kv heads
+and the MLP width (`check_tp`); where `fsdp` does not divide a dimension, it stays whole.
+Activations shard their batch over `data` and `fsdp`.
 """
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-DATA, FSDP = "data", "fsdp"
+from tlt_jax.models.config import ModelConfig
+
+DATA, FSDP, TP = "data", "fsdp", "tp"
+MESH_AXES = (DATA, FSDP, TP)
+
+# Logical axis -> mesh axis (None: whole on every device).
+RULES: dict[str, str | None] = {
+    "embed": FSDP, "vocab": TP, "heads": TP, "kv_heads": TP, "mlp": TP, "head_dim": None,
+    "norm": None,
+}
 
 
-def make_mesh(data: int = 1, fsdp: int = 1, devices=None) -> Mesh:
-  """A `(data, fsdp)` mesh over the first `data * fsdp` devices, with a clear error if short."""
+def make_mesh(data: int = 1, fsdp: int = 1, tp: int = 1, devices=None) -> Mesh:
+  """A `(data, fsdp, tp)` mesh over the first `data * fsdp * tp` devices (tp innermost: a tensor-
+  parallel group is neighbouring devices), with a clear error if short."""
   devices = list(jax.devices() if devices is None else devices)
-  need = data * fsdp
-  if data < 1 or fsdp < 1:
-    raise ValueError(f"Mesh axes must be >= 1, got data={data}, fsdp={fsdp}.")
+  need = data * fsdp * tp
+  if min(data, fsdp, tp) < 1:
+    raise ValueError(f"Mesh axes must be >= 1, got data={data}, fsdp={fsdp}, tp={tp}.")
   if need > len(devices):
     raise ValueError(
-        f"A mesh of data={data} x fsdp={fsdp} needs {need} devices but {len(devices)} are visible. "
-        "On CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax.")
-  return Mesh(np.array(devices[:need]).reshape(data, fsdp), (DATA, FSDP))
+        f"A mesh of data={data} x fsdp={fsdp} x tp={tp} needs {need} devices but {len(devices)} "
+        "are visible. On CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N before "
+        "importing jax.")
+  return Mesh(np.array(devices[:need]).reshape(data, fsdp, tp), MESH_AXES)
 
 
-def param_spec(shape: tuple[int, ...], fsdp_size: int) -> P:
-  """FSDP spec of one parameter: its largest divisible dimension over `fsdp`."""
-  if fsdp_size <= 1 or not shape:
-    return P()
-  for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
-    if shape[dim] % fsdp_size == 0:
-      spec = [None] * len(shape)
-      spec[dim] = FSDP
-      return P(*spec)
-  return P()
+def check_tp(cfg: ModelConfig, tp: int) -> None:
+  """A clear error, before any work, when `tp` cannot split the model's heads and MLP."""
+  if tp < 1:
+    raise ValueError(f"tp must be >= 1, got {tp}.")
+  bad = [f"{name}={n}" for name, n in (("n_kv_heads", cfg.n_kv_heads), ("d_ff", cfg.d_ff))
+         if n % tp]
+  if bad:
+    raise ValueError(f"tp={tp} does not divide the model's {' and '.join(bad)}: tensor "
+                     "parallelism splits whole kv heads and MLP columns over tp devices; pick a "
+                     "tp that divides both.")
 
 
-def param_shardings(state, mesh: Mesh):
-  """`NamedSharding`s for every leaf of a parameter (or optimizer-state) pytree."""
-  fsdp_size = mesh.shape[FSDP]
-  return jax.tree.map(lambda x: NamedSharding(mesh, param_spec(tuple(x.shape), fsdp_size)), state)
+def logical_axes(variable: nnx.Variable) -> tuple[str | None, ...]:
+  """The logical axes a parameter declares (all None for one that declares none)."""
+  axes = variable.get_metadata().get("axes")
+  return tuple(axes) if axes is not None else (None,) * np.ndim(variable.get_value())
+
+
+def spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh_shape: Mapping[str, int],
+         rules: dict[str, str | None] = RULES) -> P:
+  """The `PartitionSpec` of a parameter of `shape` with logical `axes` on a mesh of
+  `mesh_shape` (`mesh.shape`: axis name -> size)."""
+  out = []
+  for axis, size in zip(axes, shape):
+    mesh_axis = rules.get(axis) if axis is not None else None
+    n = mesh_shape.get(mesh_axis, 1) if mesh_axis is not None else 1
+    out.append(mesh_axis if n > 1 and size % n == 0 and mesh_axis not in out else None)
+  return P(*out)
+
+
+def param_shardings(state, mesh: Mesh, rules: dict[str, str | None] = RULES):
+  """`NamedSharding`s, in `state`'s structure, for a parameter state or an optimizer state
+  built from one (its moments keep the parameters' axes; other leaves, e.g. step counts, are
+  whole on every device)."""
+  def one(x):
+    if isinstance(x, nnx.Variable):
+      return x.replace(NamedSharding(mesh, spec(logical_axes(x), np.shape(x.get_value()), mesh.shape, rules)))
+    return NamedSharding(mesh, P())
+  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-  """Rows split over all devices of the mesh; other dimensions replicated."""
+  """Rows split over the data-parallel axes (`data`, `fsdp`); other dimensions whole."""
   return NamedSharding(mesh, P((DATA, FSDP), *([None] * (ndim - 1))))

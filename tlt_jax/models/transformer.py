@@ -11,11 +11,12 @@ from flax import nnx
 
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.config import ModelConfig
-from tlt_jax.models.layers import MLP, Attention, RMSNorm, attention
+from tlt_jax.models.layers import MLP, Attention, RMSNorm, attention, dense
 
-# Version of the parameter tree's names and shapes (2: fused q/k/v and gate/up kernels). Caches
-# keyed by it never hand a checkpoint of another layout to this code.
-PARAM_LAYOUT = 2
+# Version of the parameter tree's names and shapes (2: fused q/k/v and gate/up kernels; 3: those
+# kernels head-major, `[D, K, G + 2, H]` and `[D, 2, F]`). Caches keyed by it never hand a
+# checkpoint of another layout to this code.
+PARAM_LAYOUT = 3
 
 
 @dataclasses.dataclass
@@ -57,12 +58,11 @@ class Transformer(nnx.Module):
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, param_dtype=jnp.dtype(cfg.param_dtype),
                            dtype=jnp.dtype(cfg.dtype), rngs=rngs,
                            embedding_init=nnx.initializers.normal(0.02))
+    self.embed.embedding.set_metadata(axes=("vocab", "embed"))
     self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
     self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=jnp.dtype(cfg.param_dtype))
     if not cfg.tie_embeddings:
-      self.lm_head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False,
-                                param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype),
-                                rngs=rngs, kernel_init=nnx.initializers.normal(0.02))
+      self.lm_head = dense(rngs, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), cfg)
 
   def head(self, hidden_BxTxD: jax.Array, rows_R: jax.Array | None = None) -> jax.Array:
     """LM head on post-norm hidden states; float32 logits. With `rows_R` (token ids), only the

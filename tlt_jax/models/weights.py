@@ -20,39 +20,52 @@ _GGUF_LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
 
 
 def _layer_table(cfg: ModelConfig) -> list[tuple[str, tuple, tuple[int, int] | None]]:
-  """(HF module, path of our kernel, its columns or None for all) of one layer's projections:
-  q/k/v are column blocks of `qkv_proj` and gate/up of `gate_up_proj` (see `layers`)."""
-  nq, nk, f = cfg.n_heads * cfg.hd, cfg.n_kv_heads * cfg.hd, cfg.d_ff
-  return [("self_attn.q_proj", ("attn", "qkv_proj"), (0, nq)),
-          ("self_attn.k_proj", ("attn", "qkv_proj"), (nq, nq + nk)),
-          ("self_attn.v_proj", ("attn", "qkv_proj"), (nq + nk, nq + 2 * nk)),
+  """(HF module, path of our kernel, its part or None for all) of one layer's projections: q/k/v
+  are parts of `qkv_proj` `[D, K, G + 2, H]` and gate/up of `gate_up_proj` `[D, 2, F]` (see
+  `layers`), a part being a range of the kernel's second-to-last axis."""
+  g = cfg.n_heads // cfg.n_kv_heads
+  return [("self_attn.q_proj", ("attn", "qkv_proj"), (0, g)),
+          ("self_attn.k_proj", ("attn", "qkv_proj"), (g, g + 1)),
+          ("self_attn.v_proj", ("attn", "qkv_proj"), (g + 1, g + 2)),
           ("self_attn.o_proj", ("attn", "o_proj"), None),
-          ("mlp.gate_proj", ("mlp", "gate_up_proj"), (0, f)),
-          ("mlp.up_proj", ("mlp", "gate_up_proj"), (f, 2 * f)),
+          ("mlp.gate_proj", ("mlp", "gate_up_proj"), (0, 1)),
+          ("mlp.up_proj", ("mlp", "gate_up_proj"), (1, 2)),
           ("mlp.down_proj", ("mlp", "down_proj"), None)]
 
 
 def hf_param_table(cfg: ModelConfig
                    ) -> Iterator[tuple[str, tuple, bool, tuple[int, int] | None]]:
-  """Yields (HF tensor name, path in the nnx model, transpose?, columns) for every parameter:
-  `columns` is the (start, stop) block of the last axis that the tensor fills in a fused
-  parameter, None where it is the whole parameter. Blocks of one parameter come in order."""
+  """Yields (HF tensor name, path in the nnx model, transpose?, part) for every parameter: `part`
+  is the (start, stop) range of the second-to-last axis that the tensor fills in a fused
+  parameter, None where it is the whole parameter. Parts of one parameter come in order."""
   yield "model.embed_tokens.weight", ("embed", "embedding"), False, None
   yield "model.norm.weight", ("final_norm", "scale"), False, None
   if not cfg.tie_embeddings:
     yield "lm_head.weight", ("lm_head", "kernel"), True, None
   for i in range(cfg.n_layers):
     p = f"model.layers.{i}."
-    for hf, ours, cols in _layer_table(cfg):
-      yield p + hf + ".weight", ("layers", i, *ours, "kernel"), True, cols
+    for hf, ours, part in _layer_table(cfg):
+      yield p + hf + ".weight", ("layers", i, *ours, "kernel"), True, part
       if cfg.qkv_bias and hf in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
-        yield p + hf + ".bias", ("layers", i, *ours, "bias"), False, cols
+        yield p + hf + ".bias", ("layers", i, *ours, "bias"), False, part
     if cfg.qk_norm:
       yield p + "self_attn.q_norm.weight", ("layers", i, "attn", "q_norm", "scale"), False, None
       yield p + "self_attn.k_norm.weight", ("layers", i, "attn", "k_norm", "scale"), False, None
     yield p + "input_layernorm.weight", ("layers", i, "input_norm", "scale"), False, None
     yield (p + "post_attention_layernorm.weight", ("layers", i, "post_attn_norm", "scale"), False,
            None)
+
+
+def _part_shape(shape: tuple[int, ...], part: tuple[int, int] | None) -> tuple[int, ...]:
+  """The shape of a part of a parameter of `shape`."""
+  return shape if part is None else (*shape[:-2], part[1] - part[0], shape[-1])
+
+
+def _flat(shape: tuple[int, ...], kernel: bool) -> tuple[int, ...]:
+  """The shape Hugging Face stores a part as (after our transpose): a kernel `[in, out]`, a bias
+  `[out]`."""
+  size = int(np.prod(shape))
+  return (shape[0], size // shape[0]) if kernel else (size,)
 
 
 def gguf_name(hf_name: str) -> str:
@@ -88,10 +101,10 @@ def permute_rope_rows(w_OxI: np.ndarray, n_heads: int, head_dim: int, to: str) -
 def assign(model, tensors: dict[str, np.ndarray], cfg: ModelConfig, source: str,
            name_fn=lambda n: n) -> None:
   """Copies `tensors` (HF layout `[out, in]`) into `model`, checking every name and shape; the
-  column blocks of a fused parameter are concatenated into it."""
+  parts of a fused parameter are concatenated into it."""
   dtype = jnp.dtype(cfg.param_dtype)
   blocks: dict[tuple, list[np.ndarray]] = {}
-  for hf_name, path, transpose, cols in hf_param_table(cfg):
+  for hf_name, path, transpose, part in hf_param_table(cfg):
     name = name_fn(hf_name)
     if name not in tensors:
       raise KeyError(f"{source} has no tensor {name!r} that a {cfg.n_layers}-layer model needs; "
@@ -99,20 +112,24 @@ def assign(model, tensors: dict[str, np.ndarray], cfg: ModelConfig, source: str,
     arr = np.asarray(tensors[name])
     arr = arr.T if transpose else arr
     var = get_variable(model, path)
-    want = tuple(var.shape) if cols is None else (*var.shape[:-1], cols[1] - cols[0])
+    shape = _part_shape(tuple(var.shape), part)
+    want = shape if part is None else _flat(shape, transpose)
     if tuple(arr.shape) != want:
       raise ValueError(f"{source}: tensor {name!r} has shape {tuple(arr.shape)} (after transpose) "
                        f"but the config implies {want}; config and weights disagree.")
-    blocks.setdefault(path, []).append(arr)
+    blocks.setdefault(path, []).append(arr.reshape(shape))
   for path, arrs in blocks.items():
-    get_variable(model, path).value = jnp.asarray(np.concatenate(arrs, axis=-1), dtype)
+    get_variable(model, path).value = jnp.asarray(
+        arrs[0] if len(arrs) == 1 else np.concatenate(arrs, axis=-2), dtype)
 
 
 def export(model, cfg: ModelConfig) -> dict[str, np.ndarray]:
   """The model's parameters as HF-named `[out, in]` float arrays (fused ones split back)."""
   out = {}
-  for hf_name, path, transpose, cols in hf_param_table(cfg):
+  for hf_name, path, transpose, part in hf_param_table(cfg):
     arr = np.asarray(get_variable(model, path).value)
-    arr = arr if cols is None else arr[..., cols[0]:cols[1]]
+    if part is not None:
+      arr = arr[..., part[0]:part[1], :]
+      arr = arr.reshape(_flat(arr.shape, transpose))
     out[hf_name] = np.ascontiguousarray(arr.T if transpose else arr)
   return out

@@ -85,7 +85,7 @@ def tail_seconds(res, fraction: float = 0.25) -> float:
 class LoopConfig:
   """The loop's own settings: each step draws `prompts_per_step` prompts x `group_size` samples
   (addressed by `seed` and the step) for `steps` steps; the update splits a step's rows into
-  `micro_batches` on a `mesh_shape` = (data, fsdp) mesh; held-out evaluation every `eval_every`
+  `micro_batches` on a `mesh_shape` = (data, fsdp) or (data, fsdp, tp) mesh; held-out evaluation every `eval_every`
   steps (0: off) with `eval_group_size` samples per prompt; a checkpoint every
   `checkpoint_every` steps (0: off), the last `keep` kept; `export` the final policy (and
   drafter) to `out_dir/export`."""
@@ -96,7 +96,7 @@ class LoopConfig:
   group_size: int
   seed: int = 0
   micro_batches: int = 1
-  mesh_shape: tuple[int, int] = (1, 1)
+  mesh_shape: tuple[int, ...] = (1, 1)
   checkpoint_every: int = 0
   keep: int = 2
   eval_every: int = 0
@@ -108,8 +108,9 @@ class LoopConfig:
       if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}.")
     mesh = tuple(self.mesh_shape)
-    if len(mesh) != 2 or any(not isinstance(m, int) or m < 1 for m in mesh):
-      raise ValueError(f"mesh_shape must be (data, fsdp) with integers >= 1, got {mesh}.")
+    if len(mesh) not in (2, 3) or any(not isinstance(m, int) or m < 1 for m in mesh):
+      raise ValueError(f"mesh_shape must be (data, fsdp) or (data, fsdp, tp) with integers >= 1, "
+                       f"got {mesh}.")
     if min(self.checkpoint_every, self.eval_every) < 0 or self.keep < 1:
       raise ValueError("checkpoint_every and eval_every must be >= 0 (0: off), keep >= 1.")
 

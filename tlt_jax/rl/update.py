@@ -1,7 +1,8 @@
-"""The sharded policy update on a `(data, fsdp)` mesh, for any learner (`rl.learner`).
+"""The sharded policy update on a `(data, fsdp, tp)` mesh, for any learner (`rl.learner`).
 
-Parameters and optimizer state are laid out by the model's FSDP specs; each micro-batch's rows
-are split over both mesh axes; gradients are accumulated over length-sorted micro-batches, each
+Parameters and optimizer state are laid out by the weights' logical axes (`models/sharding.py`:
+the width over `fsdp`, heads and MLP over `tp`); each micro-batch's rows are split over `data`
+and `fsdp`; gradients are accumulated over length-sorted micro-batches, each
 trimmed to the columns its rows use, so memory is bounded by one micro-batch and padding costs
 little. The same code runs on 1 device and on a faked multi-device CPU mesh.
 """
@@ -15,12 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from tlt_jax import optim
 from tlt_jax.models.sampling import SamplingParams
-from tlt_jax.models.sharding import batch_sharding, param_shardings
+from tlt_jax.models.sharding import TP, batch_sharding, check_tp, param_shardings
 from tlt_jax.rl.grpo import token_logprobs
 from tlt_jax.rl.learner import Learner
 
@@ -89,6 +88,7 @@ class PolicyUpdater:
     if micro_batches < 1:
       raise ValueError(f"micro_batches must be >= 1, got {micro_batches}.")
     self.mesh, self.learner, self.sampling, self.micro = mesh, learner, params, micro_batches
+    check_tp(model.cfg, mesh.shape.get(TP, 1))
     self.graphdef, state = nnx.split(model, nnx.Param)
     self.param_sharding = param_shardings(state, mesh)
     self.params = jax.device_put(state, self.param_sharding)
@@ -97,9 +97,7 @@ class PolicyUpdater:
     self.ref_params = self.params if learner.kl_coef > 0 else None
     self.opt = optim.optimizer()
     opt_shape = jax.eval_shape(self.opt.init, self.params)
-    self.opt_sharding = jax.tree.map(
-        lambda x: NamedSharding(mesh, P()) if x.ndim == 0 else
-        param_shardings(x, mesh), opt_shape)
+    self.opt_sharding = param_shardings(opt_shape, mesh)
     self.opt_state = jax.jit(self.opt.init, out_shardings=self.opt_sharding)(self.params)
     self.step_count = 0
     rows2, rows1 = batch_sharding(mesh, 2), batch_sharding(mesh, 1)
