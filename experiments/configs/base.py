@@ -55,12 +55,13 @@ def word_problems_task(**settings) -> CD:
 
 
 def rollout(small: bool = False, **sampling) -> CD:
-  """Sampling (`max_new_tokens` 0: the task's own maximum) and the engine's layout."""
+  """Sampling (`max_new_tokens` 0: the task's own maximum) and the engine's layout: `num_shards`
+  data-parallel shards of `tp` devices each (tensor parallelism within a shard)."""
   c = CD(dict(dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=24 if small else 0),
               **sampling))
   c.engine = CD(dict(
       batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), max_batch=128,
-      prefill_buckets=(16, 32, 64, 128, 256, 512), steps_per_dispatch=8, num_shards=1,
+      prefill_buckets=(16, 32, 64, 128, 256, 512), steps_per_dispatch=8, num_shards=1, tp=1,
       cache_slack=0, compile_cache_dir="", precompile=False))
   if small:  # two batch buckets (16 rows compacting to 4): every bucket is programs to build
     c.engine.batch_buckets, c.engine.max_batch = (4, 16), 16

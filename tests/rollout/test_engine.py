@@ -153,6 +153,20 @@ def test_shards_and_mesh_weights_in_a_2_device_subprocess():
                  "executable_cache_per_shard": True}
 
 
+def test_a_tensor_parallel_shard_gives_the_tokens_of_one_device():
+  """A shard of tp = 2 devices (heads, MLP and KV cache split over them) decodes the tokens one
+  device does, plainly and speculatively (2 fake devices, a subprocess)."""
+  out = run_on_fake_devices("tests.rollout.tp_worker")
+  assert out["plain_equal"] and out["suffix_equal"]
+  # Summing a layer's output over two devices reorders float additions: log-probs move by
+  # rounding only.
+  assert max(out["plain_logprob_diff"], out["suffix_logprob_diff"]) < 1e-4
+  # Each layer's q/k/v, o, gate/up and down kernels (the 53-token vocabulary does not split).
+  assert out["kernels_split"] == 2 * 4
+  assert out["decode_programs"] > 0 and out["cache_split_in_every_decode_program"]
+  assert out["bad_tp"].startswith("tp=2 does not divide the model's n_kv_heads=1")
+
+
 def test_after_warm_up_no_call_compiles_whatever_its_prompt_lengths(model):
   """The cache length is fixed by `max_prompt_len`: calls whose longest prompts need different
   prefill buckets run programs that `warm_up` built, and give the tokens of a per-call layout."""

@@ -4,8 +4,9 @@ Rows are `(prompt, sample)` pairs with sample id `i = prompt_index * G + g`; the
 at response position `t` is addressed (see `models/sampling.py`), so a row's tokens do not depend on
 which bucket, shard or dispatch produced them.
 
-Each data-parallel shard is a sub-mesh (`rollout/shards.py`; one device today) holding its own
-copy of the weights (`rollout/weights.py`) and runs its own executables (not one SPMD program):
+Each data-parallel shard is a sub-mesh of `tp` devices (`rollout/shards.py`) holding its own
+copy of the weights (`rollout/weights.py`; with `tp` > 1 its heads and MLP split over the shard's
+devices, and so do its KV cache's kv heads) and runs its own executables (not one SPMD program):
 shards then shrink their batches independently, and a shard whose rows are all done goes idle at
 once instead of stepping in lockstep with the busiest one. `generate` dispatches every busy shard
 and serves whichever completes first (`rollout/scheduler.py`). The idle window is reported in the
@@ -24,9 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.models.sharding import TP, check_tp
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.plain import pad_prompts
 from tlt_jax.rollout.pool import ExecutablePool, configure_compilation_cache
@@ -51,6 +54,7 @@ class EngineConfig:
   prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
   steps_per_dispatch: int = 8
   num_shards: int = 1
+  tp: int = 1                    # devices per shard: tensor parallelism within a shard
   cache_slack: int = 0
   compile_cache_dir: str = ""
   precompile: bool = True        # generate() compiles its call's other programs in the background
@@ -74,8 +78,8 @@ class EngineConfig:
     if self.max_batch > self.batch_buckets[-1]:
       raise ValueError(f"max_batch={self.max_batch} is not covered by batch_buckets "
                        f"{self.batch_buckets}; add a bucket >= {self.max_batch}.")
-    if self.steps_per_dispatch < 1 or self.num_shards < 1 or self.cache_slack < 0:
-      raise ValueError("steps_per_dispatch and num_shards must be >= 1, cache_slack >= 0.")
+    if min(self.steps_per_dispatch, self.num_shards, self.tp) < 1 or self.cache_slack < 0:
+      raise ValueError("steps_per_dispatch, num_shards and tp must be >= 1, cache_slack >= 0.")
     if not 0 <= self.max_prompt_len <= self.prefill_buckets[-1]:
       raise ValueError(f"max_prompt_len={self.max_prompt_len} must be in [0, the largest prefill "
                        f"bucket {self.prefill_buckets[-1]}]; add a larger prefill bucket.")
@@ -146,8 +150,9 @@ class RolloutEngine:
     self.context_proposers = tuple(p for p in map(get_proposer, names) if p.reads_context)
     self.model_cfg = model.cfg
     self.pad_id = pad_id
+    check_tp(model.cfg, config.tp)
     self.meshes = shard_meshes(devices if devices is not None else jax.devices(),
-                               config.num_shards)
+                               config.num_shards, config.tp)
     self.devices = [m.devices.flat[0] for m in self.meshes]  # where a shard's host work goes
     configure_compilation_cache(config.compile_cache_dir)
     self.graphdef, state = nnx.split(model)
@@ -182,6 +187,27 @@ class RolloutEngine:
     sh = self.weights.sharding(shard)
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree)
 
+  def _state_shardings(self, state, shard: int):
+    """Where a decode state (or its shapes) lives on shard `shard`: whole on each device, but
+    for the policy's KV cache, whose kv heads split over `tp` like the weights that write them."""
+    tree = jax.tree.map(lambda _: self.weights.sharding(shard), state)
+    if self.cfg.tp == 1:
+      return tree
+    kv = NamedSharding(self.meshes[shard], PartitionSpec(None, TP))  # [B, K, ...]
+    cache = tree.cache.replace(k=(kv,) * len(tree.cache.k), v=(kv,) * len(tree.cache.v))
+    return dataclasses.replace(tree, cache=cache)
+
+  def _abstract_state(self, shape, shard: int):
+    return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                        shape, self._state_shardings(shape, shard))
+
+  def _placed(self, state, shard: int):
+    """`state` constrained to `_state_shardings`, so that a program returns it where the next
+    one expects it (nothing to do on a one-device shard)."""
+    if self.cfg.tp == 1:
+      return state
+    return jax.lax.with_sharding_constraint(state, self._state_shardings(state, shard))
+
   def _empty_state(self, b: int, cache_len: int, n: int, capture: bool, ctx_len: int,
                    drafter: DraftModel | None):
     return empty_state(self.model_cfg, b, cache_len, n, capture, ctx_len, self.pad_id, drafter,
@@ -213,17 +239,17 @@ class RolloutEngine:
               out.hidden_BxTxD[urows, last_U]).astype(st.captured.prompt_hidden_BxD.dtype)),
           proposers={p.name: p.start(context_BxH, context_len_B)
                      for p in self.context_proposers})
-      if drafter is None:
-        return st
-      draft = drafter.init_state(cfg, u, cache_len) if shared else st.draft
-      draft = drafter.prefill(model, draft, prompts_UxP, out, lens_U)  # the drafter reads it too
-      return dataclasses.replace(st, draft=jax.tree.map(rows_of, draft))
+      if drafter is not None:
+        draft = drafter.init_state(cfg, u, cache_len) if shared else st.draft
+        draft = drafter.prefill(model, draft, prompts_UxP, out, lens_U)  # it reads it too
+        st = dataclasses.replace(st, draft=jax.tree.map(rows_of, draft))
+      return self._placed(st, shard)
 
     def build():
       i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
-      args = (self.weights.abstract(), i32(u, p), i32(u), i32(b), i32(b),
-              jax.ShapeDtypeStruct((b,), bool), i32(b, ctx_len), i32(b))
-      return fn, tuple(self._abstract(a, shard) for a in args), ()
+      args = (i32(u, p), i32(u), i32(b), i32(b), jax.ShapeDtypeStruct((b,), bool),
+              i32(b, ctx_len), i32(b))
+      return fn, (self.weights.abstract(shard), *(self._abstract(a, shard) for a in args)), ()
     return key, build
 
   def _distinct(self, prompt_idx: list[int], b: int):
@@ -250,12 +276,13 @@ class RolloutEngine:
       body = lambda c: (c[0] + 1, step_fn(model, drafter, c[1], params, key_, stop_ids, n,
                                           pad_id))
       cond = lambda c: (c[0] < k_steps) & ~jnp.all(c[1].done_B)
-      return jax.lax.while_loop(cond, body, (jnp.int32(0), state))[1]
+      return self._placed(jax.lax.while_loop(cond, body, (jnp.int32(0), state))[1], shard)
 
     def build():
-      args = (self.weights.abstract(), self._state_shape(b, cache_len, n, capture, ctx_len),
-              jax.eval_shape(lambda: jax.random.key(0)))
-      return fn, tuple(self._abstract(a, shard) for a in args), (1,)
+      args = (self.weights.abstract(shard),
+              self._abstract_state(self._state_shape(b, cache_len, n, capture, ctx_len), shard),
+              self._abstract(jax.eval_shape(lambda: jax.random.key(0)), shard))
+      return fn, args, (1,)
     return key, build
 
   def _decode_exe(self, shard, b, cache_len, n, capture, ctx_len, params):
@@ -271,12 +298,13 @@ class RolloutEngine:
     key = ("compact", shard, b_old, b_new, cache_len, n, capture, ctx_len)
 
     def fn(state, idx_B):
-      return jax.tree.map(lambda x: x[idx_B], state)
+      return self._placed(jax.tree.map(lambda x: x[idx_B], state), shard)
 
     def build():
-      args = (self._state_shape(b_old, cache_len, n, capture, ctx_len),
-              jax.ShapeDtypeStruct((b_new,), jnp.int32))
-      return fn, tuple(self._abstract(a, shard) for a in args), ()  # shapes shrink: no reuse
+      args = (self._abstract_state(self._state_shape(b_old, cache_len, n, capture, ctx_len),
+                                   shard),
+              self._abstract(jax.ShapeDtypeStruct((b_new,), jnp.int32), shard))
+      return fn, args, ()  # shapes shrink: no reuse
     return key, build
 
   def _twins(self, key) -> list:

@@ -1,9 +1,9 @@
 """Rollout shards as sub-meshes: shard `s` holds one copy of the model on its own devices.
 
-Each shard is a `Mesh` over `devices_per_shard` devices with the axis `tp`; its weights, cache
-and inputs are placed with `NamedSharding`s on that mesh. Today a shard is one device and every
-array is replicated on it; a tensor-parallel shard splits the heads and MLP over `tp` without the
-engine changing how it schedules shards.
+Each shard is a `Mesh` over `devices_per_shard` (`EngineConfig.tp`) devices with the axis `tp`;
+its weights, cache and inputs are placed with `NamedSharding`s on that mesh: the weights by their
+logical axes (heads and MLP split over `tp`), the KV cache split over kv heads, everything else
+whole on each device. The engine schedules shards the same whatever their size.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-SHARD_AXES = ("tp",)
+from tlt_jax.models.sharding import TP
+
+SHARD_AXES = (TP,)
 
 
 def shard_meshes(devices, num_shards: int, devices_per_shard: int = 1) -> list[Mesh]:

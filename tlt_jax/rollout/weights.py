@@ -1,5 +1,6 @@
 """The weights a rollout runs with: the policy's and the draft model's, one copy per shard
-(each shard a sub-mesh: `rollout/shards.py`).
+(each shard a sub-mesh: `rollout/shards.py`), laid out on the shard's devices by their logical
+axes (`models/sharding.py`: heads and MLP split over the shard's `tp` devices).
 
 Weights enter the compiled programs as arguments, so installing new ones (the policy after each
 update, a drafter version the publisher accepted) compiles nothing. The store keeps the one
@@ -12,11 +13,17 @@ from __future__ import annotations
 import jax
 from jax.sharding import Mesh, NamedSharding
 
+from tlt_jax.models.sharding import param_shardings
 from tlt_jax.rollout.shards import replicated
 
 
 def _abstract(state):
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+
+
+def _with_shardings(abstract, shardings):
+  return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                      abstract, shardings)
 
 
 class WeightStore:
@@ -46,16 +53,18 @@ class WeightStore:
     self.drafter_version = self.drafter_version + 1 if version is None else version
 
   def sharding(self, s: int) -> NamedSharding:
-    """Where shard `s`'s weights, decode state and inputs live."""
+    """Where shard `s`'s inputs (and decode state, but for its KV cache) live: whole on each of
+    its devices."""
     return replicated(self.meshes[s])
 
   def _place(self, state) -> list:
-    return [jax.device_put(state, self.sharding(s)) for s in range(len(self.meshes))]
+    return [jax.device_put(state, param_shardings(state, mesh)) for mesh in self.meshes]
 
   def shard(self, s: int) -> tuple:
     """(policy, drafter or None) on shard `s`: a program's first argument."""
     return self._policy[s], self._drafter[s] if self._drafter is not None else None
 
-  def abstract(self) -> tuple:
-    """Shapes and dtypes of `shard(s)`, for compiling ahead of time."""
-    return self._abstract_policy, self._abstract_drafter
+  def abstract(self, s: int) -> tuple:
+    """Shapes, dtypes and shardings of `shard(s)`, for compiling ahead of time."""
+    place = lambda a: None if a is None else _with_shardings(a, param_shardings(a, self.meshes[s]))
+    return place(self._abstract_policy), place(self._abstract_drafter)

@@ -1,0 +1,49 @@
+"""Run by test_engine with 2 fake CPU devices: a rollout on one tensor-parallel shard (tp = 2)
+against the same rollout on one device."""
+
+import json
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from tests.spec.test_spec_engine import STOPS, _prompts, peaked_model
+from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.spec.strategy import SpecConfig, Strategy
+
+
+def main():
+  assert jax.device_count() == 2
+  # The peaked model's top-2 logit gaps exceed the noise of summing over devices in another order.
+  model = peaked_model()
+  cfg = dict(batch_buckets=(1, 2, 4, 8), max_batch=8, steps_per_dispatch=3, precompile=False)
+  greedy = SamplingParams(temperature=0.0, max_new_tokens=20, stop_tokens=STOPS)
+  prompts = _prompts(5)
+  spec = SpecConfig(arms=(Strategy("suffix", depth=3, ngram=2),), threshold=8)
+  out = {}
+  for name, s in (("plain", None), ("suffix", spec)):
+    one = RolloutEngine(model, EngineConfig(num_shards=1, **cfg), spec=s)
+    tp = RolloutEngine(model, EngineConfig(num_shards=1, tp=2, **cfg), spec=s)
+    a = one.generate(prompts, 2, greedy, jax.random.key(0))
+    b = tp.generate(prompts, 2, greedy, jax.random.key(0))
+    out[f"{name}_equal"] = bool(np.array_equal(a.tokens, b.tokens))
+    out[f"{name}_logprob_diff"] = float(np.abs(a.logprobs - b.logprobs).max())
+  weights, _ = tp.weights.shard(0)
+  out["kernels_split"] = sum(not x.sharding.is_fully_replicated and len(x.sharding.device_set) == 2
+                             for x in jax.tree.leaves(weights))
+  # The decode programs take the KV cache split over kv heads: [B, K, ...] with K over tp.
+  decode = [tp.pool.get(k, None) for k in tp.pool.keys() if k[0] == "decode"]
+  out["decode_programs"] = len(decode)
+  out["cache_split_in_every_decode_program"] = all(
+      sum(sh.spec == PartitionSpec(None, "tp") for sh in jax.tree.leaves(c.input_shardings))
+      == 2 * model.cfg.n_layers for c in decode)
+  try:
+    RolloutEngine(peaked_model(n_kv_heads=1, n_heads=4), EngineConfig(tp=2, **cfg))
+  except ValueError as e:
+    out["bad_tp"] = str(e)
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  main()
