@@ -211,7 +211,7 @@ def drafter_step_runner(target, drafter, batch: int, tokens: int, cache_len: int
   @functools.partial(jax.jit, donate_argnums=2)
   def step(tstate, dstate, cache, toks, h, key):
     tgt, d = nnx.merge(tgraph, tstate), nnx.merge(dgraph, dstate)
-    g, cache = d(tgt.embed(toks), h, cache)
+    g, cache = d(tgt.embed_tokens(toks), h, cache)
     logq = processed_logprobs(d.logits(tgt, g[:, -1:])[:, 0], _COST_PARAMS)
     noise = jax.random.gumbel(key, (batch, v))
     draft = d.token_ids(argmax(logq + d.of_vocab(noise)))

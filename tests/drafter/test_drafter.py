@@ -240,7 +240,7 @@ def test_unrolled_loss_adds_deeper_depths_and_one_step_is_teacher_forcing():
   loss1, m1 = drafter_loss(base, target, toks, feats, hidden, mask)
   assert not any(k.startswith("top1_agreement_d") for k in m1)
   # The teacher-forced loss, written out: depth 1 alone.
-  g, _ = base(target.embed(toks[:, 1:]), feats[:, :-1])
+  g, _ = base(target.embed_tokens(toks[:, 1:]), feats[:, :-1])
   m = (mask[:, 1:] & mask[:, :-1]).astype(jnp.float32)
   sl1 = jnp.sum(smooth_l1(g - hidden[:, 1:]).mean(-1) * m) / m.sum()
   np.testing.assert_allclose(m1["smooth_l1"], sl1, rtol=1e-5)

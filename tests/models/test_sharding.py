@@ -39,7 +39,12 @@ def test_tp_that_does_not_divide_the_heads_is_a_clear_error():
     check_tp(SMOLLM2, 2)
   with pytest.raises(ValueError, match="n_kv_heads=3 and d_ff=1536"):
     check_tp(SMOLLM2, 5)
-  # Where tp cannot split a weight evenly it stays whole rather than split unevenly.
-  specs = _specs(SMOLLM2.replace(n_layers=1), {"fsdp": 1, "tp": 2})
-  assert tuple(specs["layers.0.attn.qkv_proj.kernel"][1]) == (None, None, None, None)
-  assert tuple(specs["layers.0.mlp.down_proj.kernel"][1]) == ("tp", None)
+  # Under tp = 2 the 3 kv heads cannot split (the engine and the update refuse it, above); the
+  # weights whose axes tp divides still split, and no dimension splits unevenly.
+  specs = _specs(SMOLLM2.replace(n_layers=1), {"data": 1, "fsdp": 2, "tp": 2})
+  for name, (shape, s) in specs.items():
+    print(f"{name:40s} {str(shape):22s} {s}")
+  assert tuple(specs["layers.0.attn.qkv_proj.kernel"][1]) == ("fsdp", None, None, None)
+  assert tuple(specs["layers.0.mlp.gate_up_proj.kernel"][1]) == ("fsdp", None, "tp")
+  assert tuple(specs["layers.0.mlp.down_proj.kernel"][1]) == ("tp", "fsdp")
+  assert tuple(specs["embed.embedding"][1]) == ("tp", "fsdp")

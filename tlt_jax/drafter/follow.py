@@ -57,7 +57,8 @@ def catch_up(drafter: Drafter, target, dcache: kvc.KVCache, feat_BxF, dnext_B, t
 def consume(drafter: Drafter, target, dcache: kvc.KVCache, next_tokens_BxT, feats_BxTxF,
             n_keep_B) -> kvc.KVCache:
   """Feeds pairs (embed(next_tokens[t]), features[t]) and keeps the first `n_keep` of them."""
-  _, dcache = drafter(target.embed(next_tokens_BxT), drafter.project(feats_BxTxF), dcache)
+  _, dcache = drafter(target.embed_tokens(next_tokens_BxT), drafter.project(feats_BxTxF),
+                      dcache)
   return kvc.commit(dcache, n_keep_B)
 
 
@@ -75,7 +76,7 @@ def draft_chain(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, k
   cache, tok_B, h = dcache, s0_B, drafter.project(feat_BxF[:, None])
   drafts, qs = [], []
   for j in range(k):
-    g, cache = drafter(target.embed(tok_B[:, None]), h, cache)
+    g, cache = drafter(target.embed_tokens(tok_B[:, None]), h, cache)
     cache = kvc.commit(cache, jnp.ones((b,), jnp.int32))
     logq_BxR = processed_logprobs(drafter.logits(target, g)[:, 0], params)
     pos_B = t0_B + 1 + j
@@ -141,7 +142,7 @@ def draft_tree(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, *,
   n_cand, cache = 0, dcache
   for level in range(depth):
     n_fed = fed_tok.shape[1]
-    g, cache = drafter(target.embed(fed_tok), fed_h, cache, depth_T=fed_depth,
+    g, cache = drafter(target.embed_tokens(fed_tok), fed_h, cache, depth_T=fed_depth,
                        tree_mask_TxT=tree_ancestors(fed_par, level))
     m = 1 if level == 0 else k                     # the nodes expanded at this level
     front = jnp.arange(n_fed - m, n_fed)

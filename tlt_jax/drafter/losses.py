@@ -37,14 +37,14 @@ def drafter_loss(drafter: Drafter, target, tokens_BxL, feats_BxLxF, hidden_BxLxD
 
   Position t reads `embed(x_{t+1})` and the target features at t, and is scored against the
   target's final hidden state at t + 1 and the distribution it gives the token after.
-  `target` supplies the frozen embedding and head (`target.embed`, `target.head`). With
+  `target` supplies the frozen embedding and head (`target.embed_tokens`, `target.head`). With
   `unroll_steps` > 1, depth j at t reads `embed(x_{t+j})` and the drafter's own depth-(j - 1)
   output (`unroll`), and is scored against the target at t + j; the depths' losses are
   averaged with weights `unroll_decay ** (j - 1)`. The metrics without a suffix are depth 1's;
   `top1_agreement_d{j}` is depth j's.
   """
   cfg = drafter.cfg
-  emb_BxLxD = jax.lax.stop_gradient(target.embed(tokens_BxL))
+  emb_BxLxD = jax.lax.stop_gradient(target.embed_tokens(tokens_BxL))
   h_in = drafter.project(jax.lax.stop_gradient(feats_BxLxF[:, :-1]))
   hidden_BxLxD = jax.lax.stop_gradient(hidden_BxLxD)
   # With a restricted draft vocabulary both distributions are over it (the target's renormalised).

@@ -42,7 +42,7 @@ def chain_accept_len(hits_BxL: np.ndarray, valid_BxL: np.ndarray, depth: int) ->
 
 def teacher_forced_hits(drafter, target, toks_BxL, hidden_BxLxD, mask_BxL):
   """Per position t: does the drafter's greedy token after t+1 equal the target's?"""
-  emb = target.embed(toks_BxL[:, 1:])
+  emb = target.embed_tokens(toks_BxL[:, 1:])
   g, _ = drafter(emb, drafter.project(hidden_BxLxD[:, :-1]))
   draft = drafter.token_ids(jnp.argmax(drafter.logits(target, g), -1))
   want = jnp.argmax(target.head(hidden_BxLxD[:, 1:]), -1)

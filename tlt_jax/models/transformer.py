@@ -64,6 +64,11 @@ class Transformer(nnx.Module):
     if not cfg.tie_embeddings:
       self.lm_head = dense(rngs, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), cfg)
 
+  def embed_tokens(self, tokens_BxT: jax.Array) -> jax.Array:
+    """Token embeddings `[B, T, D]`: with `head`, what a draft model shares with its target
+    (every family's decoder has both, whatever its modules are called)."""
+    return self.embed(tokens_BxT)
+
   def head(self, hidden_BxTxD: jax.Array, rows_R: jax.Array | None = None) -> jax.Array:
     """LM head on post-norm hidden states; float32 logits. With `rows_R` (token ids), only the
     logits of those tokens, in that order (a drafter's restricted vocabulary)."""
@@ -93,7 +98,7 @@ class Transformer(nnx.Module):
     (causal by default).
     """
     b, t = tokens_BxT.shape
-    x = self.embed(tokens_BxT)
+    x = self.embed_tokens(tokens_BxT)
     if cache is None:
       if positions_BxT is None:
         positions_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
