@@ -83,9 +83,10 @@ def param_shardings(state, mesh: Mesh, rules: dict[str, str | None] = RULES):
   built from one (its moments keep the parameters' axes; other leaves, e.g. step counts, are
   whole on every device)."""
   def one(x):
-    if isinstance(x, nnx.Variable):
-      return x.replace(NamedSharding(mesh, spec(logical_axes(x), np.shape(x.get_value()), mesh.shape, rules)))
-    return NamedSharding(mesh, P())
+    if not isinstance(x, nnx.Variable):
+      return NamedSharding(mesh, P())
+    shape = np.shape(x.get_value())
+    return x.replace(NamedSharding(mesh, spec(logical_axes(x), shape, mesh.shape, rules)))
   return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 

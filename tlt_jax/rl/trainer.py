@@ -85,8 +85,9 @@ def tail_seconds(res, fraction: float = 0.25) -> float:
 class LoopConfig:
   """The loop's own settings: each step draws `prompts_per_step` prompts x `group_size` samples
   (addressed by `seed` and the step) for `steps` steps; the update splits a step's rows into
-  `micro_batches` on a `mesh_shape` = (data, fsdp) or (data, fsdp, tp) mesh; held-out evaluation every `eval_every`
-  steps (0: off) with `eval_group_size` samples per prompt; a checkpoint every
+  `micro_batches` on a `mesh_shape` = (data, fsdp) or (data, fsdp, tp) mesh; held-out
+  evaluation every `eval_every` steps (0: off) with `eval_group_size` samples per prompt; a
+  checkpoint every
   `checkpoint_every` steps (0: off), the last `keep` kept; `export` the final policy (and
   drafter) to `out_dir/export`."""
 
