@@ -87,9 +87,8 @@ class LoopConfig:
   (addressed by `seed` and the step) for `steps` steps; the update splits a step's rows into
   `micro_batches` on a `mesh_shape` = (data, fsdp) or (data, fsdp, tp) mesh; held-out
   evaluation every `eval_every` steps (0: off) with `eval_group_size` samples per prompt; a
-  checkpoint every
-  `checkpoint_every` steps (0: off), the last `keep` kept; `export` the final policy (and
-  drafter) to `out_dir/export`."""
+  checkpoint every `checkpoint_every` steps (0: off), the last `keep` kept; `export` the final
+  policy (and drafter) to `out_dir/export`."""
 
   out_dir: str
   steps: int
