@@ -34,7 +34,7 @@ from tlt_jax.rollout import compiles
 from tlt_jax.rollout.plain import pad_prompts
 from tlt_jax.rollout.pool import ExecutablePool, configure_compilation_cache
 from tlt_jax.rollout.scheduler import Results, ShardRun, next_ready
-from tlt_jax.rollout.shards import shard_meshes
+from tlt_jax.rollout.shards import placed_shapes, shard_meshes
 from tlt_jax.rollout.spec_step import spec_step
 from tlt_jax.rollout.state import DecodeState, empty_state, needs_layers, plain_step
 from tlt_jax.rollout.timeline import Timeline
@@ -184,8 +184,8 @@ class RolloutEngine:
   # ------------------------------------------------------------------ executables
 
   def _abstract(self, tree, shard: int):
-    sh = self.weights.sharding(shard)
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree)
+    """`tree`'s shapes, whole on each of shard `shard`'s devices."""
+    return placed_shapes(tree, jax.tree.map(lambda _: self.weights.sharding(shard), tree))
 
   def _state_shardings(self, state, shard: int):
     """Where a decode state (or its shapes) lives on shard `shard`: whole on each device, but
@@ -198,8 +198,7 @@ class RolloutEngine:
     return dataclasses.replace(tree, cache=cache)
 
   def _abstract_state(self, shape, shard: int):
-    return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                        shape, self._state_shardings(shape, shard))
+    return placed_shapes(shape, self._state_shardings(shape, shard))
 
   def _placed(self, state, shard: int):
     """`state` constrained to `_state_shardings`, so that a program returns it where the next

@@ -8,6 +8,7 @@ whole on each device. The engine schedules shards the same whatever their size.
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -31,3 +32,10 @@ def shard_meshes(devices, num_shards: int, devices_per_shard: int = 1) -> list[M
 def replicated(mesh: Mesh) -> NamedSharding:
   """The sharding of an array every device of the shard holds whole."""
   return NamedSharding(mesh, PartitionSpec())
+
+
+def placed_shapes(shapes, shardings):
+  """`shapes` (a pytree of arrays or `ShapeDtypeStruct`s) as `ShapeDtypeStruct`s placed by
+  `shardings` (a pytree of the same structure): what a program is compiled ahead of time for."""
+  return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), shapes,
+                      shardings)

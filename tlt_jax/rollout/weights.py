@@ -14,16 +14,11 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 
 from tlt_jax.models.sharding import param_shardings
-from tlt_jax.rollout.shards import replicated
+from tlt_jax.rollout.shards import placed_shapes, replicated
 
 
 def _abstract(state):
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-
-
-def _with_shardings(abstract, shardings):
-  return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                      abstract, shardings)
 
 
 class WeightStore:
@@ -66,5 +61,5 @@ class WeightStore:
 
   def abstract(self, s: int) -> tuple:
     """Shapes, dtypes and shardings of `shard(s)`, for compiling ahead of time."""
-    place = lambda a: None if a is None else _with_shardings(a, param_shardings(a, self.meshes[s]))
+    place = lambda a: None if a is None else placed_shapes(a, param_shardings(a, self.meshes[s]))
     return place(self._abstract_policy), place(self._abstract_drafter)
