@@ -15,6 +15,7 @@ import ml_collections
 from absl import app, flags
 from absl.logging import converter
 
+from tlt_jax.distributed import DistributedError
 from tlt_jax.errors import ConfigError
 
 _VERBOSITY_ENV = "TLT_JAX_VERBOSITY"
@@ -36,7 +37,7 @@ def run(main) -> None:
       flags.FLAGS.verbosity = level
     try:
       return main(argv)
-    except ConfigError as e:  # a bad setting: one line, no traceback
+    except (ConfigError, DistributedError) as e:  # a bad setting or start: one line
       raise SystemExit(str(e)) from None
 
   app.run(quiet_main, flags_parser=_parse_flags)
@@ -47,7 +48,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   config file that fails to load ends the process with one line naming it, before any work."""
   try:
     return flags.FLAGS(argv)
-  except AttributeError:  # ml_collections: an override of a key the config does not have
+  except (AttributeError, KeyError):  # ml_collections: an override of a key the config lacks
     raise SystemExit(_unknown_key(argv)) from None
   except flags.Error as e:
     lines = [line for line in str(e).splitlines() if line.strip()]

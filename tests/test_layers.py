@@ -10,6 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "tlt_jax"
 RANK = {
     "checkpoint": 0, "errors": 0, "hashing": 0, "optim": 0,
     "typed": 0.5,                  # config sections to typed settings, raising ConfigError
+    "distributed": 0.75,           # the process group (its config section is typed)
     "models": 1,                   # incl. the sampling primitives every layer above uses
     "spec": 2, "tasks": 2,         # proposer interface, strategies, verification; task data
     "rollout": 3, "sft": 3,        # the engine knows draft models only through spec.proposer

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 
@@ -19,12 +20,24 @@ class CheckpointError(RuntimeError):
 
 
 class Checkpointer:
-  """Numbered checkpoints in `directory`, keeping the newest `keep` (None keeps all)."""
+  """Numbered checkpoints in `directory`, keeping the newest `keep` (None keeps all).
 
-  def __init__(self, directory: str, keep: int | None = 3, async_save: bool = False):
+  With several processes a checkpoint is written and read by all of them together (each its
+  part of the arrays that span them); a `local` one (a cached stage: the warm start, the warm-up
+  drafter) belongs to the calling process alone and involves no other."""
+
+  def __init__(self, directory: str, keep: int | None = 3, async_save: bool = False,
+               local: bool = False):
     self.directory = os.path.abspath(directory)
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                           enable_async_checkpointing=async_save)
+    me, self._alone = jax.process_index(), local and jax.process_count() > 1
+    processes = ocp.options.MultiprocessingOptions()
+    if self._alone:  # orbax creates a root only for the whole group: make it here
+      os.makedirs(self.directory, exist_ok=True)
+      processes = ocp.options.MultiprocessingOptions(
+          primary_host=me, active_processes={me}, barrier_sync_key_prefix=f"local{me}")
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not self._alone,
+                                           enable_async_checkpointing=async_save,
+                                           multiprocessing_options=processes)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_names=("state", "meta"))
 
@@ -36,6 +49,8 @@ class Checkpointer:
 
   def save(self, step: int, state: Any, meta: dict | None = None) -> None:
     """Saves `state` (a pytree of arrays) and `meta` (JSON-able) as `step`."""
+    if self._alone:  # orbax takes a device array in a multi-process group only as global
+      state = jax.tree.map(np.asarray, state)
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta or {})))
 
@@ -52,7 +67,10 @@ class Checkpointer:
     if step not in self.all_steps():
       raise CheckpointError(f"Checkpoint step {step} not in {self.directory} "
                             f"(available: {self.all_steps()}).")
-    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(  # a leaf with no sharding lands on this process's first device
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)
+                                       or here), abstract_state)
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))

@@ -201,7 +201,7 @@ def warm_start(config: ml_collections.ConfigDict,
   if shipped is not None:
     return shipped
   path = cache_path(config)
-  ckpt = Checkpointer(path, keep=1)
+  ckpt = Checkpointer(path, keep=1, local=True)
   if ckpt.latest_step() is not None:
     abstract = nnx.eval_shape(lambda: init_model(get_preset(config.model), seed=config.seed))
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)

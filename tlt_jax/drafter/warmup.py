@@ -126,7 +126,7 @@ def save_drafter(drafter: Drafter, directory: str, meta: dict) -> None:
   state = nnx.state(drafter, nnx.Param)
   configs = {"drafter_config": dataclasses.asdict(drafter.cfg),
              "target_config": drafter.target_cfg.to_dict()}
-  ck = Checkpointer(directory, keep=1)
+  ck = Checkpointer(directory, keep=1, local=True)
   ck.save(0, state, {**meta, **configs})
   ck.wait()
   flat = {".".join(map(str, path)): np.asarray(v, np.float32)
@@ -148,7 +148,7 @@ def _drafter_config(configs: dict, target, where: str) -> DrafterConfig:
 
 def load_drafter(directory: str, target) -> tuple[Drafter, dict]:
   """Loads a saved drafter for `target`; the target's config must match the one it was made for."""
-  ck = Checkpointer(directory, keep=1)
+  ck = Checkpointer(directory, keep=1, local=True)
   if ck.latest_step() is None:
     raise FileNotFoundError(f"No drafter artifact in {directory}; create one with "
                             "`python -m experiments.drafter_warmup`.")
@@ -206,7 +206,7 @@ def warm_up(target, prompts, params: SamplingParams, *, pad_id: int, dcfg: Draft
     drafter, meta = load_shipped_drafter(shipped, target)
     return drafter, dict(meta, cache=shipped, cached=True, shipped=True, key=key)
   directory = os.path.join(cache_root, "drafter", key)
-  if os.path.isdir(directory) and Checkpointer(directory).latest_step() is not None:
+  if os.path.isdir(directory) and Checkpointer(directory, local=True).latest_step() is not None:
     drafter, meta = load_drafter(directory, target)
     return drafter, dict(meta, cache=directory, cached=True, shipped=False, key=key)
   toks, mask = rollout_sequences(target, prompts, params, wcfg, pad_id)

@@ -35,17 +35,26 @@ RULES: dict[str, str | None] = {
 
 def make_mesh(data: int = 1, fsdp: int = 1, tp: int = 1, devices=None) -> Mesh:
   """A `(data, fsdp, tp)` mesh over the first `data * fsdp * tp` devices (tp innermost: a tensor-
-  parallel group is neighbouring devices), with a clear error if short."""
-  devices = list(jax.devices() if devices is None else devices)
-  need = data * fsdp * tp
+  parallel group is neighbouring devices), with a clear error if short.
+
+  With several processes (`tlt_jax.distributed`) the shape is one process's: each process gives
+  its first `data * fsdp * tp` local devices and the data axis spans the processes (data
+  parallelism across hosts, fsdp and tp within one), so one config runs on 1 process or N."""
   if min(data, fsdp, tp) < 1:
     raise ValueError(f"Mesh axes must be >= 1, got data={data}, fsdp={fsdp}, tp={tp}.")
-  if need > len(devices):
+  need = data * fsdp * tp
+  if devices is not None or jax.process_count() == 1:
+    groups = [list(jax.devices() if devices is None else devices)]
+  else:
+    groups = [[d for d in jax.devices() if d.process_index == p]
+              for p in range(jax.process_count())]
+  if need > min(len(g) for g in groups):
     raise ValueError(
-        f"A mesh of data={data} x fsdp={fsdp} x tp={tp} needs {need} devices but {len(devices)} "
-        "are visible. On CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N before "
-        "importing jax.")
-  return Mesh(np.array(devices[:need]).reshape(data, fsdp, tp), MESH_AXES)
+        f"A mesh of data={data} x fsdp={fsdp} x tp={tp} needs {need} devices per process but "
+        f"{min(len(g) for g in groups)} are visible. On CPU set "
+        "XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax.")
+  devices = np.array([g[:need] for g in groups]).reshape(len(groups) * data, fsdp, tp)
+  return Mesh(devices, MESH_AXES)
 
 
 def check_tp(cfg: ModelConfig, tp: int) -> None:
