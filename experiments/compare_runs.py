@@ -1,4 +1,6 @@
 """Compares a TLT run with its baseline (same config and seed); the last line is one JSON object.
+It compares a 1-process and an N-process run of the same config the same way (the second
+directory in place of the TLT run): identical rewards, and the N-process run's speed relative.
 
   python -m experiments.compare_runs runs/tiny_baseline runs/tiny_tlt
 """

@@ -156,6 +156,15 @@ def rl(**optim) -> CD:
   return c
 
 
+def distributed(**settings) -> CD:
+  """The process group (`tlt_jax.distributed`): the coordinator (host:port of process 0) and
+  process count, empty/0 to take them from the environment (`experiments.launch_local`, SLURM,
+  cloud TPU) or to run as one process; seconds to wait for every process at start-up and before
+  a lost peer ends the run."""
+  return CD(dict(dict(coordinator_address="", num_processes=0, initialization_timeout_s=300,
+                      heartbeat_timeout_s=100), **settings))
+
+
 def train(**loop) -> CD:
   """The loop: `steps` of `prompts_per_step` prompts from a pool of `num_prompts` x `group_size`
   samples; the update in `micro_batches` on a `mesh_shape` = (data, fsdp[, tp]) mesh; a checkpoint
@@ -169,7 +178,8 @@ def train(**loop) -> CD:
 def tiny_run(name: str, variant: str = "") -> CD:
   """GRPO on the built-in task from the warm-started `tiny` policy, without speculative decoding
   (`tiny_tlt` adds it to this same run). Variants: '' (20 steps of 16 prompts x 8), 'small' (the
-  tests'), 'long' (160 steps of 64 prompts x 8 on fresh prompts)."""
+  tests'), 'long' (160 steps of 64 prompts x 8 on fresh prompts), 'scale' (5 steps of 8 prompts
+  x 8, few batch buckets: the multi-process tests' and `bench_scale`'s)."""
   small = variant == "small"
   c = CD()
   c.name = name if variant != "long" else f"{name}_long"
@@ -183,6 +193,7 @@ def tiny_run(name: str, variant: str = "") -> CD:
   c.drafter = CD()  # empty: no drafter
   c.rl = rl()
   c.train = train()
+  c.distributed = distributed()
   if small:
     c.train.update(dict(num_prompts=16, steps=3, prompts_per_step=4, group_size=4,
                         checkpoint_every=1, eval_every=2, eval_prompts=4, eval_group_size=2))
@@ -191,6 +202,10 @@ def tiny_run(name: str, variant: str = "") -> CD:
                         prompts_per_step=64, steps=160, eval_every=20, eval_prompts=256,
                         micro_batches=8))  # length-sorted groups: each pays only its padding
     c.rl.optim.lr = 3e-4
+  elif variant == "scale":
+    c.train.update(dict(num_prompts=64, steps=5, prompts_per_step=8, group_size=8,
+                        checkpoint_every=1, eval_every=0))
+    c.rollout.engine.batch_buckets, c.rollout.engine.max_batch = (2, 8, 32, 64), 64
   return c
 
 
@@ -215,6 +230,7 @@ def smollm2_run(name: str, small: bool = False) -> CD:
   c.drafter = CD()  # empty: no drafter
   c.rl = rl(lr=1e-5, warmup_steps=1)
   c.rl.grpo.aggregation = "token"
+  c.distributed = distributed()
   c.train = train(
       steps=8, num_prompts=2048,  # the training prompt pool (fresh prompts, not a few re-drawn)
       prompts_per_step=8, group_size=8, micro_batches=4,
@@ -234,4 +250,14 @@ def with_tlt(c: CD, small: bool = False) -> CD:
   c.drafter = tiny_drafter(small)
   c.drafter.adaptive = adaptive(small)
   c.train.export = True
+  return c
+
+
+def demo_tlt(c: CD, small: bool = False) -> CD:
+  """The demo's TLT settings on a `with_tlt` run: two proposers besides the plain arm (fewer
+  programs for the warm-up to build) and, unless `small`, the warm-up drafter shipped with the
+  package (150 warm-up steps: nothing trains before the run)."""
+  if not small:
+    c.drafter.warmup.steps = 150
+  c.spec.arms = (("eagle", 3, 0), ("suffix", 4, 3), ("plain", 1, 0))
   return c

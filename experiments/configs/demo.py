@@ -47,12 +47,12 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       # build. Rows compact to 8 when speculation starts (threshold 8), then to 2.
       run.rollout.engine.batch_buckets = (2, 8, 32, 64)
   if not small:
-    c.tlt.drafter.warmup.steps = 150   # a shorter drafter warm-up than tiny_tlt's 300 steps
     c.tlt.train.steps = 10             # the baseline's first steps, same schedule
   c.tlt.train.eval_every = 0
-  # Two proposers and the plain arm: each arm is a program per batch bucket <= threshold and
-  # shard, all built by the warm-up (tiny_tlt's depth-6 EAGLE arm is the costliest to compile).
-  c.tlt.spec.arms = (("eagle", 3, 0), ("suffix", 4, 3), ("plain", 1, 0))
+  # The shipped drafter (150 warm-up steps, not tiny_tlt's 300) and two proposers and the plain
+  # arm: each arm is a program per batch bucket <= threshold and shard, all built by the warm-up
+  # (tiny_tlt's depth-6 EAGLE arm is the costliest to compile).
+  base.demo_tlt(c.tlt, small)
   if variant == "drafter":  # the TLT run's config with the demo's warm start, on one device
     c.tlt.rollout.engine.num_shards = 1
     c.tlt.drafter.eval_prompts = 16  # as drafter_tiny's: held-out prompts it is judged on

@@ -10,6 +10,9 @@ Run:
   python -m experiments.train_grpo --config=experiments/configs/tiny_tlt.py
 Small CPU variant (tests):
   python -m experiments.train_grpo --config=experiments/configs/tiny_tlt.py:small
+Several processes (the demo's shipped warm start and drafter, 5 steps of 8 prompts x 8):
+  python -m experiments.launch_local --num_processes=2 -- \
+      python -m experiments.train_grpo --config=experiments/configs/tiny_tlt.py:scale
 """
 
 import ml_collections
@@ -18,6 +21,7 @@ from experiments.configs import base
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  if variant not in ("", "small", "long"):
-    raise ValueError(f"Unknown variant {variant!r}; use '', 'small' or 'long'.")
-  return base.with_tlt(base.tiny_run("tiny_tlt", variant), small=variant == "small")
+  if variant not in ("", "small", "long", "scale"):
+    raise ValueError(f"Unknown variant {variant!r}; use '', 'small', 'long' or 'scale'.")
+  c = base.with_tlt(base.tiny_run("tiny_tlt", variant), small=variant == "small")
+  return base.demo_tlt(c) if variant == "scale" else c

@@ -37,7 +37,8 @@ def test_no_config_imports_another_than_the_shared_base():
 
 @pytest.mark.parametrize("change, message", [
     (lambda c: c.update(steps=1), "config has no key 'steps'; did you mean config.train.steps?"),
-    (lambda c: c.update(stepz=1), "config has no key 'stepz'; its keys: cache_dir, drafter,"),
+    (lambda c: c.update(stepz=1),
+     "config has no key 'stepz'; its keys: cache_dir, distributed, drafter,"),
     (lambda c: c.train.update(stepz=1), "config.train has no key 'stepz'; did you mean "
                                         "config.train.steps?"),
     (lambda c: c.train.update(steps=0), "config.train: steps must be an integer >= 1"),

@@ -8,6 +8,13 @@ Per RL step the trainer calls, in order:
      the new rollout's segments (held back: not trained on yet) and published; then those
      segments enter the buffer;
   3. `after_update`: the new policy's embedding and head are what the drafter reads from now on.
+
+With several processes each trains its own replica on its own rows' segments in its own idle
+windows; after the rollout one collective averages the replicas (the same bits everywhere),
+process 0's check decides whether that average is published, and every process installs it: all
+shards on all hosts verify with the same drafter version and weights at every RL step. Under the
+`coupled` rule the drafter cannot change what is sampled; under `rejection` it changes which
+tokens are drawn (never their distribution), so a run's tokens then depend on the process count.
 """
 
 from __future__ import annotations
@@ -21,11 +28,13 @@ import jax
 import numpy as np
 from flax import nnx
 
+from tlt_jax import distributed
 from tlt_jax.drafter.buffer import BufferConfig, DataBuffer
 from tlt_jax.drafter.publish import DrafterPublisher, PublishConfig
 from tlt_jax.drafter.spot import SpotConfig, SpotTrainer
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
 from tlt_jax.drafter.warmup import save_drafter
+from tlt_jax.hashing import content_digest
 from tlt_jax.typed import typed
 
 
@@ -68,6 +77,9 @@ class AdaptiveDrafter:
       self.spot.warm_up(device, d_model)
       self.publisher.finite(jax.device_put(self.in_use, device))
     self.publisher.warm_up(self.in_use, target_params, self.cfg.holdout_rows, d_model)
+    if jax.process_count() > 1:  # the collectives `after_rollout` runs
+      distributed.mean_replicas(self.spot.trainer.state())
+      distributed.warm_up()
 
   # ---------------------------------------------------------------- the loop's hooks
 
@@ -81,6 +93,8 @@ class AdaptiveDrafter:
     self.spot.preempt()
     preempt_s = time.perf_counter() - t0
     budget_steps = self.spot.train_for(self.cfg.spot.budget_s)
+    if jax.process_count() > 1:
+      self.spot.trainer.load_state(distributed.mean_replicas(self.spot.trainer.state()))
     holdout = DataBuffer(dataclasses.replace(self.cfg.buffer, max_tokens=10 ** 9))
     holdout.add_rollout(prompts, group_size, result, policy_version, step)
     rows = holdout.segments()
@@ -89,9 +103,9 @@ class AdaptiveDrafter:
                                           replace=False)] if rows else []
     steps = self.spot.log[self._log_mark:]
     published = False
-    if steps and sample:
+    if distributed.total(float(bool(steps and sample))) > 0:  # all processes, or none, check
       published = self.publisher.publish(self.spot.trainer.params, target_params, sample,
-                                          current=self.in_use)
+                                          current=self.in_use, agree=distributed.first)
       if published:
         self.in_use = self.spot.trainer.params
     for seg in rows:
@@ -107,6 +121,9 @@ class AdaptiveDrafter:
         "idle_device_s": round(idle_available, 4),
         "idle_used_s": round(min(idle_used, idle_available), 4),
     }
+    if jax.process_count() > 1:  # every process verifies with the same weights
+      out["drafter/replicas_agree"] = distributed.same(content_digest(
+          [np.asarray(x).tobytes().hex() for x in jax.tree.leaves(self.in_use)]))
     if steps:  # figures of this step's training and candidate (absent when it did not train)
       out["drafter/loss"] = float(np.mean([r.loss for r in steps]))
       out["drafter/top1"] = float(np.mean([r.top1 for r in steps]))

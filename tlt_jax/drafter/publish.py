@@ -56,6 +56,7 @@ class DrafterPublisher:
   def __init__(self, engine, cfg: PublishConfig, pad_id: int):
     self.engine, self.cfg, self.pad_id = engine, cfg, pad_id
     self.events: list[dict] = []
+    self._rows = 0  # the segment count the check was built for (`warm_up`)
     graphdef = engine.dgraphdef
     tgraphdef = engine.graphdef
 
@@ -73,6 +74,10 @@ class DrafterPublisher:
   def accept_len(self, dparams, target_params, sample: list[Segment]) -> float:
     """Estimated accepted length of drafter `dparams` on held-back segments."""
     toks, hidden, mask = pack_segments(sample, self.cfg.seq_len, self.pad_id)
+    pad = max(0, self._rows - len(toks))  # a short sample fills the warmed-up shape (masked)
+    if pad:
+      rows = lambda x, v=0: np.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1), constant_values=v)
+      toks, hidden, mask = rows(toks, self.pad_id), rows(hidden), rows(mask)
     return self._accept_len(dparams, target_params, toks, hidden, mask)
 
   def _accept_len(self, dparams, target_params, toks, hidden, mask) -> float:
@@ -85,15 +90,21 @@ class DrafterPublisher:
     return all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params))
 
   def warm_up(self, dparams, target_params, rows: int, d_model: int) -> None:
-    """Builds the check's programs for `rows` held-back segments by running it on zeros."""
+    """Builds the check's programs for `rows` held-back segments by running it on zeros;
+    a later check on fewer segments is padded to `rows`."""
+    self._rows = rows
     toks = np.full((rows, self.cfg.seq_len), self.pad_id, np.int32)
     hidden = np.zeros((rows, self.cfg.seq_len, d_model), np.float32)
     self._accept_len(dparams, target_params, toks, hidden, np.zeros(toks.shape, np.float32))
 
-  def publish(self, candidate, target_params, sample: list[Segment], current=None) -> bool:
-    """Installs `candidate` (drafter params) if it passes the checks; returns whether it did."""
+  def publish(self, candidate, target_params, sample: list[Segment], current=None,
+              agree=None) -> bool:
+    """Installs `candidate` (drafter params) if it passes the checks; returns whether it did.
+    `agree` turns this process's decision into the one all processes apply (process 0's)."""
     event = {"candidate_version": self.version + 1}
-    if not self.finite(candidate):
+    if not sample:
+      event.update(accepted=False, reason="no held-back segment to check it on")
+    elif not self.finite(candidate):
       event.update(accepted=False, reason="non-finite weights")
     else:
       new = self.accept_len(candidate, target_params, sample)
@@ -104,6 +115,8 @@ class DrafterPublisher:
                                             f"{old:.2f}, min ratio {self.cfg.min_ratio})")
       else:
         event["accepted"] = True
+    if agree is not None and agree(event["accepted"]) != event["accepted"]:
+      event.update(accepted=not event["accepted"], reason="process 0 decided otherwise")
     self.events.append(event)
     if not event["accepted"]:
       logging.warning("drafter version %d refused: %s", self.version + 1, event["reason"])

@@ -89,7 +89,7 @@ class SpotTrainer:
 
   def train_steps(self, n: int, device=None) -> int:
     """`n` steps now, on `device` (default: the first device)."""
-    device = device or jax.devices()[0]
+    device = device or jax.local_devices()[0]
     for _ in range(n):
       self._one_step(device)
     return n
@@ -98,7 +98,7 @@ class SpotTrainer:
     """Steps until `seconds` have passed (one-device mode: the budget between phases)."""
     if seconds <= 0 or not self.ready:
       return 0
-    device = device or jax.devices()[0]
+    device = device or jax.local_devices()[0]
     deadline, done = time.perf_counter() + seconds, 0
     while time.perf_counter() < deadline:
       self._one_step(device)

@@ -10,6 +10,7 @@ Sections (experiments/configs/base.py has their defaults):
   drafter   the warm-up EAGLE drafter's recipe and the `adaptive` drafter (empty: no drafter)
   rl        the `learner` by name, its settings in a section so named, and `optim`
   train     the loop: steps, pool and batch sizes, micro-batches, mesh, checkpoints, evaluation
+  distributed  (optional) the coordinator and process count of a run over several processes
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import jax
 import ml_collections
 
 from tlt_jax import sft
+from tlt_jax.distributed import DistributedConfig
 from tlt_jax.drafter.adaptive import AdaptiveConfig
 from tlt_jax.errors import ConfigError
 from tlt_jax.rl.learner import LEARNERS, Learner, learner_from_section
@@ -32,7 +34,7 @@ from tlt_jax.typed import check_keys, typed
 from tlt_jax.workloads import DrafterRecipe, WorkloadConfig, drafter_recipe, workload_config
 
 SECTIONS = ("name", "out_dir", "cache_dir", "seed", "model", "task", "rollout", "spec", "drafter",
-            "rl", "train")
+            "rl", "train", "distributed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +55,7 @@ class RunConfig:
   loop: LoopConfig
   num_prompts: int
   eval_prompts: int
+  distributed: DistributedConfig = DistributedConfig()
 
   @property
   def out_dir(self) -> str:
@@ -115,4 +118,5 @@ def run_config(c: ml_collections.ConfigDict, other_keys=()) -> RunConfig:
   return RunConfig(name=c.name, seed=c.seed, workload=wc,
                    engine=engine_config(c.rollout.get("engine"), c.get("cache_dir", "")),
                    spec=spec, drafter=recipe, adaptive=adaptive, learner=learner, optim=optim,
-                   loop=loop, num_prompts=num_prompts, eval_prompts=eval_prompts)
+                   loop=loop, num_prompts=num_prompts, eval_prompts=eval_prompts,
+                   distributed=DistributedConfig.from_dict(c.get("distributed")))

@@ -9,6 +9,7 @@ runs after the last step; `close` always runs, also after a fault.
 
 from __future__ import annotations
 
+from tlt_jax import distributed
 from tlt_jax.rl.metrics import RunWriter
 
 
@@ -70,7 +71,7 @@ class Export(Hook):
   """The final policy (and adaptive drafter) as loadable folders after the last step."""
 
   def at_end(self, trainer, history: list[dict]) -> None:
-    if history:
+    if history and distributed.is_writer():
       print(f"[trainer] exported the final policy (and drafter) to "
             f"{trainer.export_artifacts()}")
 

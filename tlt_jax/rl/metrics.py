@@ -16,15 +16,18 @@ METRICS, EVALS, ROLLOUTS = "metrics.jsonl", "eval.jsonl", "rollouts.jsonl"
 
 
 class RunWriter:
-  """Appends to a run directory's records (`resumed`: after the ones already there)."""
+  """Appends to a run directory's records (`resumed`: after the ones already there). Not
+  `enabled` (every process of a run but process 0): writes nothing."""
 
-  def __init__(self, out_dir: str, resumed: bool):
+  def __init__(self, out_dir: str, resumed: bool, enabled: bool = True):
     mode = "a" if resumed else "w"
     self._files = {name: open(os.path.join(out_dir, name), mode)
-                   for name in (METRICS, EVALS, ROLLOUTS)}
-    self._tb = SummaryWriter(os.path.join(out_dir, "tb"))
+                   for name in (METRICS, EVALS, ROLLOUTS)} if enabled else {}
+    self._tb = SummaryWriter(os.path.join(out_dir, "tb")) if enabled else None
 
   def _line(self, name: str, record: dict) -> None:
+    if not self._files:
+      return
     self._files[name].write(json.dumps(record) + "\n")
     self._files[name].flush()
 
@@ -32,7 +35,7 @@ class RunWriter:
     """A step's metrics (numbers also as TensorBoard scalars at `metrics["step"]`) and rollout."""
     self._line(METRICS, metrics)
     self._line(ROLLOUTS, rollout)
-    for k, v in metrics.items():
+    for k, v in metrics.items() if self._tb is not None else ():
       if isinstance(v, (int, float)):
         self._tb.add_scalar(k, v, metrics["step"])
 
@@ -40,6 +43,7 @@ class RunWriter:
     self._line(EVALS, {"step": step, "final": final, "per_prompt_accuracy": per_prompt_accuracy})
 
   def close(self) -> None:
-    self._tb.close()
+    if self._tb is not None:
+      self._tb.close()
     for f in self._files.values():
       f.close()

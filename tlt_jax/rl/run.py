@@ -10,7 +10,8 @@ import time
 
 import numpy as np
 
-from tlt_jax.hashing import provenance
+from tlt_jax import distributed
+from tlt_jax.hashing import content_digest, provenance
 from tlt_jax.rl.compare import compare_runs, heldout_change, read_metrics
 from tlt_jax.rl.config import RunConfig
 from tlt_jax.rl.trainer import Trainer
@@ -30,7 +31,17 @@ def run_stages(rc: RunConfig, progress: bool = True) -> Stages:
   """A run's cached stages, run in order before its trainer is built, each reported in one
   `[run]` line: the starting policy (`tiny`: the SFT warm start) and the warm-up drafter when an
   arm drafts with one. Each is shipped, cached or trained and cached, so a second run loads them.
-  (The trainer's own warm-up, which builds every program a step runs, starts its `run`.)"""
+  (The trainer's own warm-up, which builds every program a step runs, starts its `run`.)
+  With several processes, process 0 builds them first and the others then load them."""
+  if not distributed.is_writer():
+    distributed.barrier("stages")
+  stages = _stages(rc, progress and distributed.is_writer())
+  if distributed.is_writer():
+    distributed.barrier("stages")
+  return stages
+
+
+def _stages(rc: RunConfig, progress: bool) -> Stages:
   t0 = time.perf_counter()
   model, tok, summary = starting_policy(rc.workload, progress)
   if progress:
@@ -85,8 +96,17 @@ def summarize(name: str, out_dir: str, history: list[dict]) -> dict:
   return out
 
 
+def start(rc: RunConfig) -> int:
+  """Joins the run's process group (`tlt_jax.distributed`; nothing to join for one process) and
+  checks that every process was given the same config; returns the process count."""
+  count = distributed.initialize(rc.distributed)
+  distributed.check_same(content_digest(repr(rc)), "config")
+  return count
+
+
 def run(rc: RunConfig, progress: bool = True) -> dict:
   """Runs (or resumes, or finds finished) `rc`; returns its summary and its warm-up's figures."""
+  start(rc)
   trainer = build_trainer(rc, progress)
   return dict(summarize(rc.name, rc.out_dir, trainer.run(progress=progress)),
               **trainer.warmup_report)

@@ -12,6 +12,12 @@ Run directory: `metrics.jsonl` (one record per step), `rollouts.jsonl` (every en
 each step's rollout: the shrinking batch, speculation), `tb/` (TensorBoard), `checkpoints/`.
 Everything a step draws is addressed by the step (prompts, sampling keys), so a run resumed from
 the checkpoint of step s continues the trajectory of a run that was never stopped.
+
+Several processes (`tlt_jax.distributed`) run the same loop: each generates its share of a step's
+prompts on its own devices (the sample ids, and so the tokens, are those of one process
+generating them all), the rows are gathered on every process, the update's mesh spans the
+processes, and the new policy reaches each process's rollout devices by one all-gather. Only
+process 0 writes the run's files; every process writes and restores its part of the checkpoints.
 """
 
 from __future__ import annotations
@@ -27,9 +33,11 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
+from tlt_jax import distributed
 from tlt_jax.checkpoint import Checkpointer
 from tlt_jax.drafter.adaptive import AdaptiveDrafter
 from tlt_jax.drafter.proposer import as_proposer
+from tlt_jax.errors import ConfigError
 from tlt_jax.evaluation import group_stats
 from tlt_jax.models.pretrained import save_pretrained
 from tlt_jax.models.sharding import make_mesh
@@ -39,6 +47,7 @@ from tlt_jax.rl.metrics import RunWriter
 from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.spread import Spread, generate_spread, warm_up_spread
 from tlt_jax.spec.strategy import SpecConfig
 
 _EVAL_KEY = 1_000_003  # folded into the run key for held-out evaluation: never a training key
@@ -134,6 +143,12 @@ class Trainer:
     if prompts_per_step > len(self.pool_prompts):
       raise ValueError(f"prompts_per_step={prompts_per_step} exceeds the prompt pool "
                        f"({len(self.pool_prompts)}); raise num_prompts or lower prompts_per_step.")
+    procs = jax.process_count()
+    for what, n in (("loop.prompts_per_step", prompts_per_step),
+                    ("eval_prompts", len(eval_prompts or []))):
+      if n % procs:
+        raise ConfigError(f"{what}={n} does not split evenly over the {procs} processes (each "
+                          f"generates an equal share); use a multiple of {procs}.")
     self.prompt_bucket = next((b for b in engine_cfg.prefill_buckets
                                if b >= max(len(p) for p in self.pool_prompts)), None)
     if self.prompt_bucket is None:
@@ -142,6 +157,8 @@ class Trainer:
                        "larger bucket to engine.prefill_buckets.")
     self.updater = PolicyUpdater(workload.model, make_mesh(*loop.mesh_shape), learner, optim,
                                  workload.params, loop.micro_batches)
+    # The policy as the rollout reads it: whole on this process's first device of the mesh.
+    self.policy = distributed.local_copy(nnx.state(self.updater.model()), self.updater.mesh)
     if not engine_cfg.max_prompt_len:  # one cache layout for every step: nothing compiles later
       longest = max(len(p) for p in list(self.pool_prompts) + list(eval_prompts or []))
       engine_cfg = dataclasses.replace(engine_cfg, max_prompt_len=longest)
@@ -157,6 +174,7 @@ class Trainer:
     self.ckpt_dir = os.path.join(self.out_dir, "checkpoints")
     self.ckpt = Checkpointer(self.ckpt_dir, keep=loop.keep) if loop.checkpoint_every else None
     self.step = 0
+    self._collective_s, self._collective_bytes = 0.0, 0  # this step's cross-process traffic
     self.warmup_report: dict = {}
     os.makedirs(self.out_dir, exist_ok=True)
 
@@ -169,15 +187,22 @@ class Trainer:
     """Held-out accuracy of the current policy (fixed key: the same samples' noise every time)
     with `evaluation.group_stats`' figures, and each held-out prompt's accuracy (what a paired
     before/after comparison needs)."""
-    res = self.engine.generate(self.eval_prompts, self.loop.eval_group_size, self.w.params,
-                               self._key(_EVAL_KEY))
     g = self.loop.eval_group_size
+    res = self._generate(self.eval_prompts, g, self._key(_EVAL_KEY)).whole
     rewards = np.array([self.w.reward_fn(res.response(i), self.eval_answers[i // g])
                         for i in range(len(res.lengths))], np.float32)
     correct_NxG = (rewards >= 1.0).reshape(-1, g).astype(np.float32)
     stats = group_stats(correct_NxG, res.lengths)  # accuracy, lengths, mixed-reward groups
     return ({f"eval/{k}": v for k, v in stats.items()} | {"eval/reward": float(rewards.mean())},
             correct_NxG.mean(axis=1).tolist())
+
+  def _generate(self, prompts, group_size: int, key, **kw) -> Spread:
+    """The rollout of `prompts`, this process's share on its devices (`generate_spread`),
+    its gather counted in the step's collective figures."""
+    spread = generate_spread(self.engine, prompts, group_size, self.w.params, key, **kw)
+    self._collective_s += spread.collective_s
+    self._collective_bytes += spread.collective_bytes
+    return spread
 
   def _key(self, data: int) -> jax.Array:
     return jax.random.fold_in(jax.random.key(self.seed), data)
@@ -189,18 +214,22 @@ class Trainer:
     built, start = compiles.Since(), time.perf_counter()
     lengths = [len(p) for p in list(self.pool_prompts) + list(self.eval_prompts or [])]
     ad = self.adaptive
-    self.engine.warm_up([(self.prompts_per_step, self.group_size)], self.w.params, lengths,
-                        capture_hidden=ad is not None, progress=progress)
+    procs = jax.process_count()  # each process generates its share of the prompts
+    self.engine.warm_up([(self.prompts_per_step // procs, self.group_size)], self.w.params,
+                        lengths, capture_hidden=ad is not None, progress=progress)
+    warm_up_spread(self.prompts_per_step, self.group_size, self.w.params.max_new_tokens)
     if self.eval_prompts is not None and self.loop.eval_every:
-      self.engine.warm_up([(len(self.eval_prompts), self.loop.eval_group_size)], self.w.params,
-                          lengths, progress=progress)
+      self.engine.warm_up([(len(self.eval_prompts) // procs, self.loop.eval_group_size)],
+                          self.w.params, lengths, progress=progress)
+      warm_up_spread(len(self.eval_prompts), self.loop.eval_group_size,
+                     self.w.params.max_new_tokens)
     rows = self.prompts_per_step * self.group_size
     self.updater.warm_up(rows, self.prompt_bucket, self.w.params.max_new_tokens)
     self.updater.learner.advantages(jnp.asarray(np.zeros(rows, np.float32)),
                                     self.group_size)  # as a step converts its rewards
     self._key(0)
     if ad is not None:
-      ad.warm_up(self._engine_state())
+      ad.warm_up(self.policy)
     return {"warmup_s": round(time.perf_counter() - start, 3), "warmup_programs": built.events}
 
   def train_step(self) -> tuple[dict, dict]:
@@ -211,15 +240,16 @@ class Trainer:
     prompts = [self.pool_prompts[i] for i in idx]
     key = self._key(self.step)
     ad = self.adaptive
-    res = self.engine.generate(prompts, self.group_size, self.w.params, key,
-                               capture_hidden=ad is not None,
-                               on_shard_idle=ad.on_shard_idle if ad is not None else None)
+    self._collective_s, self._collective_bytes = 0.0, 0
+    spread = self._generate(prompts, self.group_size, key, capture_hidden=ad is not None,
+                            on_shard_idle=ad.on_shard_idle if ad is not None else None)
+    res = spread.whole
     t_rollout = time.perf_counter() - t0
     g = self.group_size
     drafter_metrics = {}
-    if ad is not None:
-      drafter_metrics = ad.after_rollout(prompts, g, res, self.step, self.updater.step_count,
-                                         self._engine_state())
+    if ad is not None:  # it trains on this process's rows (their hidden states stay here)
+      drafter_metrics = ad.after_rollout(spread.prompts, g, spread.local, self.step,
+                                         self.updater.step_count, self.policy)
     rewards = np.array([self.w.reward_fn(res.response(i), self.pool_answers[idx[i // g]])
                         for i in range(len(res.lengths))], np.float32)
     n = self.w.params.max_new_tokens
@@ -234,10 +264,11 @@ class Trainer:
     t1 = time.perf_counter()
     metrics, old_logp = self.updater.update(batch, with_logprobs=True)
     mismatch = float(np.max(np.abs(old_logp - res.logprobs) * mask))
-    new_state = self._engine_state()
-    self.engine.weights.set_policy(new_state)
+    t_sync = time.perf_counter()
+    self._sync_policy()
+    t_sync = time.perf_counter() - t_sync
     if ad is not None:
-      ad.after_update(new_state)
+      ad.after_update(self.policy)
     t_update = time.perf_counter() - t1
     r = rewards.reshape(-1, g)
     summary = res.timeline.summary()
@@ -248,7 +279,9 @@ class Trainer:
         "length_p50": float(np.percentile(res.lengths, 50)),
         "length_p90": float(np.percentile(res.lengths, 90)), "length_max": int(res.lengths.max()),
         "rollout_s": round(t_rollout, 4), "tail_s": round(tail_seconds(res), 4),
-        "update_s": round(t_update, 4), "drafter_s": 0.0,
+        "update_s": round(t_update, 4), "weight_sync_s": round(t_sync, 4),
+        "collective_s": round(self._collective_s, 4),
+        "collective_bytes": int(self._collective_bytes), "drafter_s": 0.0,
         "idle_device_s": round(float(sum(summary["shard_idle_s"])), 4), "idle_used_s": 0.0,
         "step_s": round(time.perf_counter() - t0, 4),
         "tokens_per_s": summary["tokens_per_s"], "sd_on_fraction": summary["sd_on_fraction"],
@@ -265,15 +298,23 @@ class Trainer:
     self.step += 1
     return out, record
 
-  def _engine_state(self):
-    return nnx.state(self.updater.model())
+  def _sync_policy(self) -> None:
+    """The updated policy onto this process's rollout shards (`self.policy`: whole on its first
+    device): with several processes, one all-gather over the update's mesh first."""
+    t0 = time.perf_counter()
+    self.policy = distributed.local_copy(nnx.state(self.updater.model()), self.updater.mesh)
+    if jax.process_count() > 1:
+      jax.block_until_ready(self.policy)
+      self._collective_s += time.perf_counter() - t0
+      self._collective_bytes += sum(x.nbytes for x in jax.tree.leaves(self.policy))
+    self.engine.weights.set_policy(self.policy)
 
   def _checkpoint_state(self) -> dict:
     state = {"params": self.updater.params, "opt": self.updater.opt_state}
     if self.updater.ref_params is not None:  # the KL term's reference survives a resume
       state["ref_params"] = self.updater.ref_params
-    if self.adaptive is not None:
-      state["drafter"] = self.adaptive.state()
+    if self.adaptive is not None:  # the same on every process: saved once, over the mesh
+      state["drafter"] = distributed.spanning(self.adaptive.state(), self.updater.mesh)
     return state
 
   def save(self) -> None:
@@ -303,17 +344,21 @@ class Trainer:
       self.updater.ref_params = state["ref_params"]
     self.updater.step_count = int(meta.get("update_count", meta["step"]))
     self.step = int(meta["step"])
-    self.engine.weights.set_policy(self._engine_state())
+    self._sync_policy()
     if self.adaptive is not None:
-      self.adaptive.load_state(state["drafter"], int(meta.get("drafter_version", 0)))
-      self.adaptive.after_update(self._engine_state())
+      drafter = distributed.local_copy(state["drafter"], self.updater.mesh)
+      self.adaptive.load_state(drafter, int(meta.get("drafter_version", 0)))
+      self.adaptive.after_update(self.policy)
     return True
 
   def export_artifacts(self) -> str:
     """The final policy as a Hugging Face folder and, with an adaptive drafter, the drafter next
     to it (orbax + config): `experiments.generate --model=DIR/policy --drafter=DIR/drafter`."""
     directory = os.path.join(self.out_dir, "export")
-    save_pretrained(self.updater.model(), self.w.tokenizer, os.path.join(directory, "policy"))
+    if not distributed.is_writer():
+      return directory
+    save_pretrained(nnx.merge(self.updater.graphdef, self.policy), self.w.tokenizer,
+                    os.path.join(directory, "policy"))
     if self.adaptive is not None:
       self.adaptive.export(directory, {"rl_step": self.step})
     return directory
@@ -345,12 +390,14 @@ class Trainer:
     """Warms up, then trains to `steps` (resuming if the run directory has a checkpoint);
     returns this call's step records. Each record's `compile_events` counts every XLA program
     built during its step and evaluations (0 after a complete warm-up)."""
+    progress = progress and distributed.is_writer()
     resumed = self.restore()
     if self.step < self.steps:
       self.warmup_report = self.warm_up(progress)
-      with open(os.path.join(self.out_dir, "warmup.json"), "w") as f:
-        json.dump(self.warmup_report, f)
-    writer = RunWriter(self.out_dir, resumed)
+      if distributed.is_writer():
+        with open(os.path.join(self.out_dir, "warmup.json"), "w") as f:
+          json.dump(self.warmup_report, f)
+    writer = RunWriter(self.out_dir, resumed, enabled=distributed.is_writer())
     hooks = self.hooks(writer)
     history = []
     bar = tqdm(range(self.step, self.steps), desc=self.updater.learner.name,

@@ -17,7 +17,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from tlt_jax import optim
+from tlt_jax import distributed, optim
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.sharding import TP, batch_sharding, check_tp, param_shardings
 from tlt_jax.rl.grpo import token_logprobs
@@ -91,7 +91,7 @@ class PolicyUpdater:
     check_tp(model.cfg, mesh.shape.get(TP, 1))
     self.graphdef, state = nnx.split(model, nnx.Param)
     self.param_sharding = param_shardings(state, mesh)
-    self.params = jax.device_put(state, self.param_sharding)
+    self.params = jax.tree.map(distributed.put, state, self.param_sharding)
     # The frozen reference policy of the KL term: the starting parameters (arrays are immutable
     # and never donated, so no copy). None when kl_coef is 0: nothing kept, nothing computed.
     self.ref_params = self.params if learner.kl_coef > 0 else None
@@ -148,7 +148,11 @@ class PolicyUpdater:
             for idx, t in length_groups(used_R, self.micro, tokens_RxL.shape[1])]
 
   def _put(self, arrays: PolicyBatch) -> PolicyBatch:
-    return jax.device_put(arrays, self._row_shardings)
+    """Host rows (the same on every process) split over the mesh, which may span processes."""
+    shardings = self._row_shardings
+    if arrays.old_logp_RxN is None:  # on-policy: nothing to place there
+      shardings = dataclasses.replace(shardings, old_logp_RxN=None)
+    return jax.tree.map(distributed.put, arrays, shardings)
 
   def ref_logprobs(self, tokens_RxL, prompt_len_R, mask_RxN) -> np.ndarray:
     """Log-probs `[R, N]` of the responses under the frozen reference policy (the KL term's),
@@ -167,9 +171,9 @@ class PolicyUpdater:
     lp, ent = np.zeros(mask.shape, np.float32), np.zeros(mask.shape, np.float32)
     rows2, rows1 = self._row_shardings.tokens_RxL, self._row_shardings.prompt_len_R
     for idx, t, w in self._groups(tokens, plen, mask):
-      out = self._logprobs(params, jax.device_put(tokens[idx, :t], rows2),
-                           jax.device_put(plen[idx], rows1), n=w)
-      lp[idx, :w], ent[idx, :w] = (np.asarray(x) for x in out)
+      out = self._logprobs(params, distributed.put(tokens[idx, :t], rows2),
+                           distributed.put(plen[idx], rows1), n=w)
+      lp[idx, :w], ent[idx, :w] = (distributed.host(x) for x in out)
     return lp, ent
 
   def update(self, batch: PolicyBatch, with_logprobs: bool = False):
@@ -204,7 +208,7 @@ class PolicyUpdater:
       return metrics
     lp = np.zeros(b.mask_RxN.shape, np.float32)
     for idx, w, logp in logps:
-      lp[idx, :w] = np.asarray(logp)
+      lp[idx, :w] = distributed.host(logp)
     return metrics, lp
 
   def model(self):
@@ -232,10 +236,10 @@ class PolicyUpdater:
                        zeros(mb_rows, w))
       if self.ref_params is not None:
         self._logprobs(self.ref_params,
-                       jax.device_put(mb.tokens_RxL, self._row_shardings.tokens_RxL),
-                       jax.device_put(mb.prompt_len_R, self._row_shardings.prompt_len_R), n=w)
+                       distributed.put(mb.tokens_RxL, self._row_shardings.tokens_RxL),
+                       distributed.put(mb.prompt_len_R, self._row_shardings.prompt_len_R), n=w)
       grads, m, logp = self._grad(self.params, grads, self._put(mb), jnp.float32(0.0))
-      np.asarray(logp)  # as `update` reads them back
+      distributed.host(logp)  # as `update` reads them back
       metrics = m if metrics is None else jax.tree.map(jnp.add, metrics, m)
     jax.block_until_ready(self._apply(self.params, self.opt_state, grads))
     return len(widths)

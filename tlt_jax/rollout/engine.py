@@ -151,7 +151,7 @@ class RolloutEngine:
     self.model_cfg = model.cfg
     self.pad_id = pad_id
     check_tp(model.cfg, config.tp)
-    self.meshes = shard_meshes(devices if devices is not None else jax.devices(),
+    self.meshes = shard_meshes(devices if devices is not None else jax.local_devices(),
                                config.num_shards, config.tp)
     self.devices = [m.devices.flat[0] for m in self.meshes]  # where a shard's host work goes
     configure_compilation_cache(config.compile_cache_dir)
@@ -354,9 +354,13 @@ class RolloutEngine:
 
   def generate(self, prompts: list[list[int]], group_size: int, params: SamplingParams,
                key: jax.Array, *, capture_hidden: bool = False,
-               corpus: dict[int, list[int]] | None = None,
+               corpus: dict[int, list[int]] | None = None, first_sample: int = 0,
                on_shard_idle=None) -> RolloutResult:
     """Samples `group_size` responses for every prompt; rows are ordered by sample id.
+
+    Row `i * group_size + g` has sample id `first_sample + i * group_size + g`: a process
+    generating its share of a larger request (`tlt_jax.distributed.share`) passes the sample id
+    of its first row, and samples what one process generating the whole request would.
 
     `corpus` maps a prompt index to earlier text for that prompt (e.g. its responses in earlier RL
     steps) that the suffix proposer may draft from; it never changes what is sampled.
@@ -366,7 +370,8 @@ class RolloutEngine:
     p_bucket = self.validate(prompts, group_size, params)
     n = params.max_new_tokens
     cache_len, ctx_len = self.layout(n, max(len(p) for p in prompts))
-    rows = [(i * group_size + g, i) for i in range(len(prompts)) for g in range(group_size)]
+    rows = [(first_sample + i * group_size + g, i) for i in range(len(prompts))
+            for g in range(group_size)]
     call = _Call(prompts, rows, self._waves(len(rows)), params, p_bucket,
                  (cache_len, n, capture_hidden or self.lazy_follow, ctx_len), corpus or {},
                  [jax.device_put(key, self.weights.sharding(s)) for s in range(len(self.meshes))],
