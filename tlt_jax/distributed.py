@@ -24,6 +24,7 @@ import socket
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -207,12 +208,19 @@ def mean_replicas(tree):
   stacked = multihost_utils.process_allgather(jax.tree.map(np.asarray, tree))
 
   def merge(x, all_x):  # placed (and committed) as `x` was: the programs reading it stay built
-    m = all_x.mean(0, dtype=np.float64).astype(all_x.dtype) if np.issubdtype(
-        all_x.dtype, np.floating) else all_x.max(0)
+    m = replica_mean(all_x)
     if not isinstance(x, jax.Array):
       return m
     return jax.device_put(m, x.sharding if x.committed else None)
   return jax.tree.map(merge, tree, stacked)
+
+
+def replica_mean(stacked: np.ndarray) -> np.ndarray:
+  """How replicas of one leaf (stacked on axis 0) merge: floats by their mean (computed in
+  float64), integers (step counts) by their maximum."""
+  if jnp.issubdtype(stacked.dtype, jnp.floating):  # bfloat16 too
+    return stacked.mean(0, dtype=np.float64).astype(stacked.dtype)
+  return stacked.max(0)
 
 
 def warm_up() -> None:

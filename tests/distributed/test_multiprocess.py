@@ -15,6 +15,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from experiments.launch_local import free_port, process_env
+from tests.conftest import FAST_COMPILE
 from tlt_jax.rl.compare import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,9 +24,12 @@ SCALE = ("--config=experiments/configs/tiny_tlt.py:scale", "--config.train.steps
 
 
 def _env(process: int | None = None, port: int = 0) -> dict:
-  """The test's environment; with `process`, as launch_local gives process `process` of 2."""
+  """The test's environment under XLA's default flags (the runs are update-bound, which the
+  suite's cheap LLVM level slows: `test_launchers.run_module`); with `process`, as
+  launch_local gives process `process` of 2."""
   env = process_env(process, 2, port, 0) if process is not None else dict(os.environ)
-  return dict(env, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+  flags = env.get("XLA_FLAGS", "").replace(FAST_COMPILE, "").strip()
+  return dict(env, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", XLA_FLAGS=flags)
 
 
 def _run(command: list[str], timeout: int, env=None) -> subprocess.CompletedProcess:
@@ -44,7 +48,7 @@ def _run(command: list[str], timeout: int, env=None) -> subprocess.CompletedProc
 
 def _launch(n: int, *command: str, devices: int = 0, timeout: int = 600):
   return _run([PY, "-m", "experiments.launch_local", f"--num_processes={n}",
-               f"--devices_per_process={devices}", "--", *command], timeout)
+               f"--devices_per_process={devices}", "--", *command], timeout, _env())
 
 
 def _json_of(out: str, prefix: str = "") -> dict:

@@ -143,6 +143,13 @@ def test_preempt_and_resume_equals_an_uninterrupted_run(sd_rollout):
   assert straight.log[-1].loss < straight.log[0].loss
 
 
+def test_idle_windows_on_two_devices_train_replicas_that_merge_into_their_mean():
+  out = run_on_fake_devices("tests.drafter.windows_worker", devices=2, timeout=300)
+  assert out["steps_per_device"] == [3, 3], out  # each window its own 3 steps
+  assert out["step_count"] == 6 and not out["running"]
+  assert out["replicas_differ"] and out["merged_exact"], out  # different batches, exact mean
+
+
 # ---------------------------------------------------------------- publishing
 
 

@@ -2,11 +2,11 @@
 
 Per RL step the trainer calls, in order:
   1. `on_shard_idle` (passed to `RolloutEngine.generate`): a shard finished all its rows while
-     others still decode; spot training starts on that device (one window at a time);
-  2. `after_rollout`: the window is preempted; with `budget_s` > 0 the drafter also trains that
-     long between the rollout and the update (the one-device mode); the candidate is checked on
-     the new rollout's segments (held back: not trained on yet) and published; then those
-     segments enter the buffer;
+     others still decode; spot training starts on that device (every idle device its own replica);
+  2. `after_rollout`: the windows are preempted and merged; with `budget_s` > 0 the drafter
+     also trains that long between the rollout and the update (the one-device mode); the
+     candidate is checked on the new rollout's segments (held back: not trained on yet) and
+     published; then those segments enter the buffer;
   3. `after_update`: the new policy's embedding and head are what the drafter reads from now on.
 
 With several processes each trains its own replica on its own rows' segments in its own idle

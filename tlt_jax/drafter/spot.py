@@ -2,11 +2,15 @@
 while other shards still decode, are preempted between steps when the devices are needed for the
 policy update, and resume at the next idle window with their state intact.
 
-With one device there is no idle window inside a rollout; the trainer then gives the drafter a
-configured budget of seconds between the rollout and the policy update (`train_for`).
+Every idle device trains at once: each window trains its own replica of the drafter (its state
+at the rollout's start), and `preempt` merges the replicas, the mean of their weights and
+optimizer moments (one window: its state as it is). With one device there is no idle window
+inside a rollout; the trainer then gives the drafter a configured budget of seconds between the
+rollout and the policy update (`train_for`).
 
-Batches are addressed by the drafter's step count (`seed`, step): a run preempted and resumed
-takes the same steps on the same data as one that was never interrupted.
+Batches are addressed by the drafter's step count and the window's index among those open at
+once (`seed`, step[, index]): a run preempted and resumed takes the same steps on the same data as
+one that was never interrupted.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tlt_jax import distributed
 from tlt_jax.drafter.buffer import DataBuffer, pack_segments
 from tlt_jax.drafter.train import DrafterTrainer
 
@@ -47,13 +52,28 @@ class StepRecord:
   top1: float
 
 
+@dataclasses.dataclass
+class _Window:
+  """One idle window: its thread and the replica it trains on its device (from `base`, the
+  drafter's step count when the window opened)."""
+
+  device: object
+  index: int
+  base: int
+  params: object
+  opt_state: object
+  target_params: object
+  steps: int = 0
+  thread: threading.Thread | None = None
+
+
 class SpotTrainer:
   """Owns the drafter's `DrafterTrainer` and trains it from a `DataBuffer` on idle devices."""
 
   def __init__(self, trainer: DrafterTrainer, buffer: DataBuffer, cfg: SpotConfig, pad_id: int):
     self.trainer, self.buffer, self.cfg, self.pad_id = trainer, buffer, cfg, pad_id
     self.log: list[StepRecord] = []
-    self._thread: threading.Thread | None = None
+    self._windows: list[_Window] = []  # open since the last `preempt`, in opening order
     self._stop = threading.Event()
     self._error: BaseException | None = None
     self._lock = threading.Lock()
@@ -62,20 +82,30 @@ class SpotTrainer:
   def ready(self) -> bool:
     return len(self.buffer) >= self.cfg.min_segments
 
-  def _batch(self):
-    rng = np.random.default_rng([self.cfg.seed, self.trainer.step_count])
+  def batch(self, step: int, index: int = 0):
+    """The batch of drafter step `step` in the `index`-th window open at once (0: the one
+    `train_steps` and `train_for` take too)."""
+    rng = np.random.default_rng([self.cfg.seed, step] + ([index] if index else []))
     segs = self.buffer.sample(self.cfg.batch_rows, rng)
     return pack_segments(segs, self.cfg.seq_len, self.pad_id)
 
   def _one_step(self, device) -> None:
-    toks, hidden, mask = self._batch()
-    put = lambda x: jax.device_put(x, device)
+    t = self.trainer
+    t.place(device)
+    w = _Window(device, 0, t.step_count, t.params, t.opt_state, t.target_params)
+    self._window_step(w)
+    t.params, t.opt_state, t.step_count = w.params, w.opt_state, t.step_count + 1
+
+  def _window_step(self, w: _Window) -> None:
+    toks, hidden, mask = self.batch(w.base + w.steps, w.index)
+    put = lambda x: jax.device_put(x, w.device)
     start = time.perf_counter()
-    self.trainer.place(device)
     hidden_d = put(jnp.asarray(hidden, self.trainer.feature_dtype))
-    m = self.trainer.step(put(toks), hidden_d, hidden_d, put(mask))
-    self.log.append(StepRecord(device.id, start, time.perf_counter(), m["loss"],
-                               m["top1_agreement"]))
+    w.params, w.opt_state, m = self.trainer.update_fn(
+        w.params, w.opt_state, w.target_params, put(toks), hidden_d, hidden_d, put(mask))
+    w.steps += 1
+    self.log.append(StepRecord(w.device.id, start, time.perf_counter(), float(m["loss"]),
+                               float(m["top1_agreement"])))
 
   def warm_up(self, device, d_model: int) -> None:
     """Builds the programs of a spot-training step on `device` by running one on zeros and
@@ -106,42 +136,58 @@ class SpotTrainer:
     return done
 
   def start(self, device) -> bool:
-    """Begins training on `device` in the background (an idle window opened); False when a
-    window is already running or the buffer is not ready."""
+    """Begins training a replica on `device` in the background (its idle window opened);
+    False when a window already runs there or the buffer is not ready."""
     with self._lock:
-      if self._thread is not None or not self.ready:
+      if any(w.device == device for w in self._windows) or not self.ready:
         return False
-      self._stop.clear()
-      self._thread = threading.Thread(target=self._window, args=(device,), daemon=True)
-      self._thread.start()
+      t, put = self.trainer, lambda x: jax.device_put(x, device)
+      w = _Window(device, len(self._windows), t.step_count, put(t.params), put(t.opt_state),
+                  put(t.target_params))
+      if not self._windows:
+        self._stop.clear()
+      w.thread = threading.Thread(target=self._window, args=(w,), daemon=True)
+      self._windows.append(w)
+      w.thread.start()
       return True
 
-  def _window(self, device) -> None:
-    done = 0
+  def _window(self, w: _Window) -> None:
     try:
       while not self._stop.is_set():
-        if self.cfg.max_steps_per_window and done >= self.cfg.max_steps_per_window:
+        if self.cfg.max_steps_per_window and w.steps >= self.cfg.max_steps_per_window:
           break
-        self._one_step(device)
-        done += 1
+        self._window_step(w)
     except BaseException as e:  # surfaced by preempt() in the caller's thread
       self._error = e
 
   def preempt(self) -> None:
-    """Stops the background window after its current step; state (weights, optimizer state,
-    step count) is kept for the next window."""
+    """Stops every window after its current step and merges what they trained into the
+    drafter's state (weights, optimizer state, step count: kept for the next windows)."""
     with self._lock:
-      thread, self._thread = self._thread, None
-    if thread is not None:
-      self._stop.set()
-      thread.join()
+      windows, self._windows = self._windows, []
+    self._stop.set()
+    for w in windows:
+      w.thread.join()
     if self._error is not None:
       err, self._error = self._error, None
       raise RuntimeError(f"Drafter spot training failed: {err}") from err
+    trained = [w for w in windows if w.steps]
+    if len(trained) == 1:
+      w, t = trained[0], self.trainer
+      t.params, t.opt_state, t.target_params, t._device = (
+          w.params, w.opt_state, w.target_params, w.device)
+    elif trained:  # on the host: an average of device arrays would build programs mid-run
+      t, device = self.trainer, trained[0].device
+      merge = lambda *xs: jax.device_put(
+          distributed.replica_mean(np.stack([np.asarray(x) for x in xs])), device)
+      t.params = jax.tree.map(merge, *[w.params for w in trained])
+      t.opt_state = jax.tree.map(merge, *[w.opt_state for w in trained])
+      t.target_params, t._device = trained[0].target_params, device
+    self.trainer.step_count += sum(w.steps for w in trained)
 
   @property
   def running(self) -> bool:
-    return self._thread is not None
+    return bool(self._windows)
 
   def busy_seconds(self, since: int = 0) -> float:
     return float(sum(r.end - r.start for r in self.log[since:]))
