@@ -77,3 +77,22 @@ def test_a_bad_run_setting_is_one_line_before_any_work(tmp_path):
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert expect in proc.stderr.strip().splitlines()[-1]
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_layout_the_devices_cannot_hold_is_one_line(tmp_path):
+  """Checked when the trainer is built, before its warm-up, against the devices this process
+  has (one here)."""
+  for override, expect in (("--config.train.mesh_shape=(2, 1)",
+                            "config.train.mesh_shape=(2, 1): A mesh of data=2 x fsdp=1 x tp=1 "
+                            "needs 2 devices per process but 1 are visible"),
+                           ("--config.rollout.engine.num_shards=2",
+                            "config.rollout.engine: num_shards=2 x 1 device(s) per shard needs 2 "
+                            "devices but 1 are visible"),
+                           ("--config.train.micro_batches=3",
+                            "64 rows do not split into 3 micro-batches over the update's 1 "
+                            "devices")):
+    proc = run_module("experiments.train_grpo",
+                      "--config=experiments/configs/tiny_tlt.py:scale",
+                      f"--config.out_dir={tmp_path}/run", override)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert expect in proc.stderr.strip().splitlines()[-1]

@@ -16,11 +16,14 @@ from safetensors.numpy import load_file
 
 from experiments.launch_local import free_port, process_env
 from tests.conftest import FAST_COMPILE
-from tlt_jax.rl.compare import read_metrics
+from tlt_jax.rl.compare import compare_runs, read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = sys.executable
-SCALE = ("--config=experiments/configs/tiny_tlt.py:scale", "--config.train.steps=3")
+# tiny_tlt:scale for 3 steps, with two batch buckets and arms: fewer programs to warm up.
+SCALE = ("--config=experiments/configs/tiny_tlt.py:scale", "--config.train.steps=3",
+         "--config.rollout.engine.batch_buckets=(8, 32)", "--config.rollout.engine.max_batch=32",
+         "--config.spec.arms=(('eagle', 3, 0), ('plain', 1, 0))")
 
 
 def _env(process: int | None = None, port: int = 0) -> dict:
@@ -46,7 +49,7 @@ def _run(command: list[str], timeout: int, env=None) -> subprocess.CompletedProc
   return subprocess.CompletedProcess(command, proc.returncode, out, "")
 
 
-def _launch(n: int, *command: str, devices: int = 0, timeout: int = 600):
+def _launch(n: int, *command: str, devices: int = 0, timeout: int = 900):
   return _run([PY, "-m", "experiments.launch_local", f"--num_processes={n}",
                f"--devices_per_process={devices}", "--", *command], timeout, _env())
 
@@ -117,7 +120,7 @@ def _policy(out_dir) -> dict:
   return load_file(os.path.join(out_dir, "export", "policy", "model.safetensors"))
 
 
-def _kill_after_first_checkpoint(out_dir, timeout: int = 600) -> list[int]:
+def _kill_after_first_checkpoint(out_dir, timeout: int = 900) -> list[int]:
   """Starts the 2-process run, SIGKILLs process 1 once step 2's checkpoint exists; process 0
   then ends by the heartbeat timeout. Returns both exit statuses."""
   port, args = free_port(), [*SCALE, f"--config.out_dir={out_dir}",
@@ -148,7 +151,7 @@ def test_the_tiny_tlt_loop_across_processes_is_the_run_of_one_process(tmp_path):
   devices (data across processes, fsdp and two rollout shards within each) run the same steps;
   2 processes x 1 device are killed after a checkpoint and the same command resumes them."""
   one = _run([PY, "-m", "experiments.train_grpo", *SCALE, f"--config.out_dir={tmp_path}/one"],
-             600)
+             900)
   assert one.returncode == 0, one.stdout[-3000:]
   ref = _records(tmp_path / "one")
   assert [r["step"] for r in ref] == [0, 1, 2] and any(r["grpo/grad_norm"] > 0 for r in ref)
@@ -176,4 +179,5 @@ def test_the_tiny_tlt_loop_across_processes_is_the_run_of_one_process(tmp_path):
     a, b = _policy(tmp_path / "one"), _policy(tmp_path / name)
     diff = np.concatenate([np.abs(a[k].astype(np.float64) - b[k]).ravel() for k in a])
     assert diff.max() < 1e-2 * lr and np.mean(diff > 1e-3 * lr) < 1e-3, (name, diff.max())
+    assert compare_runs(str(tmp_path / "one"), str(tmp_path / name))["rewards_identical"]
   assert any(r["drafter/steps"] > 0 for r in _records(tmp_path / "wide"))  # idle shards trained

@@ -121,9 +121,10 @@ class AdaptiveDrafter:
         "idle_device_s": round(idle_available, 4),
         "idle_used_s": round(min(idle_used, idle_available), 4),
     }
-    if jax.process_count() > 1:  # every process verifies with the same weights
+    if jax.process_count() > 1:  # every process verifies with the same version and weights
       out["drafter/replicas_agree"] = distributed.same(content_digest(
-          [np.asarray(x).tobytes().hex() for x in jax.tree.leaves(self.in_use)]))
+          [self.engine.weights.drafter_version]
+          + [np.asarray(x).tobytes().hex() for x in jax.tree.leaves(self.in_use)]))
     if steps:  # figures of this step's training and candidate (absent when it did not train)
       out["drafter/loss"] = float(np.mean([r.loss for r in steps]))
       out["drafter/top1"] = float(np.mean([r.top1 for r in steps]))

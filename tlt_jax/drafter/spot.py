@@ -172,18 +172,16 @@ class SpotTrainer:
       err, self._error = self._error, None
       raise RuntimeError(f"Drafter spot training failed: {err}") from err
     trained = [w for w in windows if w.steps]
-    if len(trained) == 1:
-      w, t = trained[0], self.trainer
-      t.params, t.opt_state, t.target_params, t._device = (
-          w.params, w.opt_state, w.target_params, w.device)
-    elif trained:  # on the host: an average of device arrays would build programs mid-run
-      t, device = self.trainer, trained[0].device
+    if not trained:
+      return
+    params, opt_state = trained[0].params, trained[0].opt_state  # one window: as it is
+    if len(trained) > 1:  # on the host: an average of device arrays would build programs
       merge = lambda *xs: jax.device_put(
-          distributed.replica_mean(np.stack([np.asarray(x) for x in xs])), device)
-      t.params = jax.tree.map(merge, *[w.params for w in trained])
-      t.opt_state = jax.tree.map(merge, *[w.opt_state for w in trained])
-      t.target_params, t._device = trained[0].target_params, device
-    self.trainer.step_count += sum(w.steps for w in trained)
+          distributed.replica_mean(np.stack([np.asarray(x) for x in xs])), trained[0].device)
+      params = jax.tree.map(merge, *[w.params for w in trained])
+      opt_state = jax.tree.map(merge, *[w.opt_state for w in trained])
+    self.trainer.load_state({"params": params, "opt_state": opt_state,
+                             "step": self.trainer.step_count + sum(w.steps for w in trained)})
 
   @property
   def running(self) -> bool:

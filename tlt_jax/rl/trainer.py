@@ -155,15 +155,29 @@ class Trainer:
       raise ValueError(f"The longest prompt ({max(len(p) for p in self.pool_prompts)} tokens) "
                        f"exceeds every prefill bucket {engine_cfg.prefill_buckets}; add a "
                        "larger bucket to engine.prefill_buckets.")
-    self.updater = PolicyUpdater(workload.model, make_mesh(*loop.mesh_shape), learner, optim,
-                                 workload.params, loop.micro_batches)
+    try:  # the layouts against the devices this process has: a bad one is a config error
+      mesh = make_mesh(*loop.mesh_shape)
+    except ValueError as e:
+      raise ConfigError(f"config.train.mesh_shape={tuple(loop.mesh_shape)}: {e}") from None
+    rows, split = prompts_per_step * group_size, loop.micro_batches * mesh.devices.size
+    if rows % split:
+      raise ConfigError(
+          f"config.train: prompts_per_step x group_size = {rows} rows do not split into "
+          f"{loop.micro_batches} micro-batches over the update's {mesh.devices.size} devices "
+          f"({procs} process(es) x mesh_shape {tuple(loop.mesh_shape)}); use a multiple of "
+          f"{split} rows.")
+    self.updater = PolicyUpdater(workload.model, mesh, learner, optim, workload.params,
+                                 loop.micro_batches)
     # The policy as the rollout reads it: whole on this process's first device of the mesh.
     self.policy = distributed.local_copy(nnx.state(self.updater.model()), self.updater.mesh)
     if not engine_cfg.max_prompt_len:  # one cache layout for every step: nothing compiles later
       longest = max(len(p) for p in list(self.pool_prompts) + list(eval_prompts or []))
       engine_cfg = dataclasses.replace(engine_cfg, max_prompt_len=longest)
-    self.engine = RolloutEngine(workload.model, engine_cfg, pad_id=workload.tokenizer.pad_id,
-                                spec=spec, drafter=as_proposer(drafter))
+    try:
+      self.engine = RolloutEngine(workload.model, engine_cfg, pad_id=workload.tokenizer.pad_id,
+                                  spec=spec, drafter=as_proposer(drafter))
+    except ValueError as e:
+      raise ConfigError(f"config.rollout.engine: {e}") from None
     self.adaptive = None
     if adaptive is not None:
       if drafter is None:
