@@ -11,6 +11,7 @@ RANK = {
     "checkpoint": 0, "errors": 0, "hashing": 0, "optim": 0,
     "typed": 0.5,                  # config sections to typed settings, raising ConfigError
     "distributed": 0.75,           # the process group (its config section is typed)
+    "kernels": 0.9,                # attention implementations (XLA, Pallas)
     "models": 1,                   # incl. the sampling primitives every layer above uses
     "spec": 2, "tasks": 2,         # proposer interface, strategies, verification; task data
     "rollout": 3, "sft": 3,        # the engine knows draft models only through spec.proposer

@@ -62,7 +62,7 @@ def rollout(small: bool = False, **sampling) -> CD:
   c.engine = CD(dict(
       batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), max_batch=128,
       prefill_buckets=(16, 32, 64, 128, 256, 512), steps_per_dispatch=8, num_shards=1, tp=1,
-      cache_slack=0, compile_cache_dir="", precompile=False))
+      cache_slack=0, compile_cache_dir="", precompile=False, attention="auto"))
   if small:  # two batch buckets (16 rows compacting to 4): every bucket is programs to build
     c.engine.batch_buckets, c.engine.max_batch = (4, 16), 16
   return c

@@ -21,9 +21,9 @@ from tlt_jax.spec import verify
 CATCH_UP_WINDOW = 64
 
 
-def follow_cache(target_cfg, batch: int, cache_len: int) -> kvc.KVCache:
+def follow_cache(target_cfg, batch: int, cache_len: int, attention: str = "xla") -> kvc.KVCache:
   """The drafter cache that follows a target cache of `cache_len` slots."""
-  return drafter_cache(target_cfg, batch, cache_len + CATCH_UP_WINDOW)
+  return drafter_cache(target_cfg, batch, cache_len + CATCH_UP_WINDOW, attention)
 
 
 def catch_up(drafter: Drafter, target, dcache: kvc.KVCache, feat_BxF, dnext_B, tokens_BxN,

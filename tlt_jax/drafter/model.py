@@ -132,8 +132,8 @@ class Drafter(nnx.Module):
     positions = cache.lengths_B[:, None] + depth_BxT
     over_B = kvc.check_write(cache, t)
     x, (k, v) = self.layer(x, positions, kvc.new_tokens_mask(b, t, tree_mask_TxT),
-                           ((cache.k[0], cache.v[0], kvc.prefix_mask(cache, t)),))
-    k_all, v_all = kvc.write_kv(cache.k[0], cache.v[0], k, v, cache.lengths_B)
+                           cache.prefix(0))
+    k_all, v_all = kvc.write_kv(cache, 0, k, v)
     cache = cache.replace(k=(k_all,), v=(v_all,), overflow_B=cache.overflow_B | over_B)
     return self.norm(x), cache
 
@@ -163,8 +163,9 @@ def init_drafter(target: ModelConfig, cfg: DrafterConfig = DrafterConfig(), seed
   return Drafter(target, cfg, rngs=nnx.Rngs(seed))
 
 
-def drafter_cache(target: ModelConfig, batch: int, max_len: int) -> KVCache:
-  return init_cache(layer_config(target), batch, max_len)
+def drafter_cache(target: ModelConfig, batch: int, max_len: int, attention: str = "xla"
+                  ) -> KVCache:
+  return init_cache(layer_config(target), batch, max_len, impl=attention)
 
 
 def target_features(layers_hidden, final_hidden, cfg: DrafterConfig) -> jax.Array:

@@ -44,9 +44,10 @@ class EagleProposer:
   def follows_lazily(self) -> bool:  # fused layer features are not captured: follow eagerly
     return not self.module.cfg.feature_layers
 
-  def init_state(self, target_cfg, batch: int, cache_len: int) -> FollowState:
+  def init_state(self, target_cfg, batch: int, cache_len: int, attention: str = "xla"
+                 ) -> FollowState:
     width = self.module.cfg.n_features() * target_cfg.d_model
-    return FollowState(cache=follow.follow_cache(target_cfg, batch, cache_len),
+    return FollowState(cache=follow.follow_cache(target_cfg, batch, cache_len, attention),
                        feat_BxF=jnp.zeros((batch, width), jnp.dtype(target_cfg.dtype)),
                        dnext_B=jnp.zeros((batch,), jnp.int32))
 

@@ -2,14 +2,15 @@
 
 Slot `j` of row `b` holds the key/value of the token at slot `j`; slots `< lengths_B[b]` are the
 committed sequence. A layer attends to the committed slots and to its new tokens as two segments
-(`layers.attention`), and its new entries are written after, so the cache is read before it is
-updated in place. Keys are stored `[B, K, H, S]` (slots last) and values `[B, K, S, H]`: a decode
-step's scores and weighted sum are then plain batched matrix products over contiguous memory,
-about 8x faster on CPU at batch 16 than the `[B, S, K, H]` layout, which XLA transposes per layer. A call writes its T new tokens at slots `lengths .. lengths + T - 1` *without*
-committing them: `commit` then keeps an accepted subset (a chain prefix, or a tree path gathered
-into place) and advances `lengths`. Writes never clamp: a write past the last slot raises at once
-when lengths are concrete, and otherwise sets `overflow_B`, which `check_overflow` turns into an
-error at the next host sync.
+(`kernels.attention`), and its new entries are written after, so the cache is read before it is
+updated in place. Values are stored `[B, K, S, H]`; keys in the layout of the attention
+implementation the cache is for (`impl`): `[B, K, H, S]` (slots last) for `xla`, whose decode
+products then run over contiguous memory on CPU, and `[B, K, S, H]` for the `pallas` kernel,
+whose caches also round their slots up to whole kernel tiles. A call writes its T new tokens at
+slots `lengths .. lengths + T - 1` *without* committing them: `commit` then keeps an accepted
+subset (a chain prefix, or a tree path gathered into place) and advances `lengths`. Writes never
+clamp: a write past the last slot raises at once when lengths are concrete, and otherwise sets
+`overflow_B`, which `check_overflow` turns into an error at the next host sync.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tlt_jax.kernels.attention import KEY_SLOT_AXIS, Prefix, cache_slots, key_shape, keys_to_layout
 from tlt_jax.models.config import ModelConfig
 
 
@@ -30,13 +32,14 @@ class CacheOverflowError(RuntimeError):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-  """Per-layer keys `[B, K, H, S]` and values `[B, K, S, H]`, committed lengths `[B]`, overflow
-  flags `[B]`."""
+  """Per-layer keys (in `impl`'s layout) and values `[B, K, S, H]`, committed lengths `[B]`,
+  overflow flags `[B]`, and the attention implementation it is laid out for (static)."""
 
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
   lengths_B: jax.Array
   overflow_B: jax.Array
+  impl: str = dataclasses.field(default="xla", metadata=dict(static=True))
 
   @property
   def batch(self) -> int:
@@ -49,17 +52,25 @@ class KVCache:
   def replace(self, **kwargs) -> "KVCache":
     return dataclasses.replace(self, **kwargs)
 
+  def prefix(self, layer: int) -> Prefix:
+    """Layer `layer`'s committed prefix, as the attention seam reads it."""
+    return Prefix(self.k[layer], self.v[layer], self.lengths_B, self.impl)
 
-def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-  """An empty cache; k and v are separate buffers so that the cache can be donated."""
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None, impl: str = "xla"
+               ) -> KVCache:
+  """An empty cache of at least `max_len` slots for attention implementation `impl`; k and v
+  are separate buffers so that the cache can be donated."""
   dtype = jnp.dtype(dtype or cfg.dtype)
-  k_shape = (batch, cfg.n_kv_heads, cfg.hd, max_len)
-  v_shape = (batch, cfg.n_kv_heads, max_len, cfg.hd)
+  slots = cache_slots(max_len, impl)
+  k_shape = key_shape(batch, cfg.n_kv_heads, cfg.hd, slots, impl)
+  v_shape = (batch, cfg.n_kv_heads, slots, cfg.hd)
   return KVCache(
       k=tuple(jnp.zeros(k_shape, dtype) for _ in range(cfg.n_layers)),
       v=tuple(jnp.zeros(v_shape, dtype) for _ in range(cfg.n_layers)),
       lengths_B=jnp.zeros((batch,), jnp.int32),
       overflow_B=jnp.zeros((batch,), bool),
+      impl=impl,
   )
 
 
@@ -81,9 +92,10 @@ def check_write(cache: KVCache, n_new: int) -> jax.Array:
   return over_B
 
 
-def to_cache_layout(k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Fresh keys/values from a projection, in the cache's layout: `[B, K, H, T]`, `[B, K, T, H]`."""
-  return k_BxTxKxH.transpose(0, 2, 3, 1), v_BxTxKxH.transpose(0, 2, 1, 3)
+def to_cache_layout(k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Array, impl: str = "xla"
+                    ) -> tuple[jax.Array, jax.Array]:
+  """Fresh keys/values from a projection in `impl`'s cache layout (values `[B, K, T, H]`)."""
+  return keys_to_layout(k_BxTxKxH, impl), v_BxTxKxH.transpose(0, 2, 1, 3)
 
 
 def _write(x, new, start_B, axis: int):
@@ -100,17 +112,12 @@ def _write(x, new, start_B, axis: int):
       row, new_row.astype(row.dtype), tuple(at(s))))(x, new, start_B)
 
 
-def write_kv(k_BxKxHxS: jax.Array, v_BxKxSxH: jax.Array, k_new_BxTxKxH: jax.Array,
-             v_new_BxTxKxH: jax.Array, start_B: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Writes one layer's T new keys/values at each row's own start slot."""
-  k_new, v_new = to_cache_layout(k_new_BxTxKxH, v_new_BxTxKxH)
-  return _write(k_BxKxHxS, k_new, start_B, 3), _write(v_BxKxSxH, v_new, start_B, 2)
-
-
-def prefix_mask(cache: KVCache, n_new: int) -> jax.Array:
-  """`[B, T, S]` mask of the committed slots, which each of the T new tokens attends to."""
-  committed_BxS = jnp.arange(cache.max_len)[None, :] < cache.lengths_B[:, None]
-  return jnp.broadcast_to(committed_BxS[:, None, :], (cache.batch, n_new, cache.max_len))
+def write_kv(cache: KVCache, layer: int, k_new_BxTxKxH: jax.Array, v_new_BxTxKxH: jax.Array
+             ) -> tuple[jax.Array, jax.Array]:
+  """Layer `layer`'s keys and values with its T new entries written at each row's next slot."""
+  k_new, v_new = to_cache_layout(k_new_BxTxKxH, v_new_BxTxKxH, cache.impl)
+  return (_write(cache.k[layer], k_new, cache.lengths_B, KEY_SLOT_AXIS[cache.impl]),
+          _write(cache.v[layer], v_new, cache.lengths_B, 2))
 
 
 def new_tokens_mask(batch: int, n_new: int, tree_mask_TxT: jax.Array | None) -> jax.Array:
@@ -146,7 +153,7 @@ def commit(cache: KVCache, n_accept_B: jax.Array, accept_idx_BxA: jax.Array | No
       # Kept entries have distinct destinations; unkept ones are dropped.
       return jnp.moveaxis(x.at[rows, dst_BxA].set(gathered, mode="drop"), 1, axis)
 
-    cache = cache.replace(k=tuple(move(k, 3) for k in cache.k),
+    cache = cache.replace(k=tuple(move(k, KEY_SLOT_AXIS[cache.impl]) for k in cache.k),
                           v=tuple(move(v, 2) for v in cache.v))
   return cache.replace(lengths_B=cache.lengths_B + n_accept_B)
 

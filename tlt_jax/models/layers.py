@@ -1,10 +1,10 @@
-"""Transformer building blocks: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU."""
+"""Transformer building blocks: RMSNorm, rotary embeddings, the attention projections, SwiGLU
+(attention itself is `kernels.attention`)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from tlt_jax.models.config import ModelConfig
@@ -40,33 +40,6 @@ def apply_rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array, theta: float, lay
     x1, x2 = x[..., 0::2], x[..., 1::2]
     out = jnp.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).reshape(x.shape)
   return out.astype(x_BxTxNxH.dtype)
-
-
-def attention(q_BxTxNxH, segments) -> jax.Array:
-  """Grouped-query softmax attention over several key/value segments, as if concatenated: each
-  is `(k [B, K, H, S], v [B, K, S, H], mask [B, T, S])` in the cache layout (e.g. the cached
-  prefix, then the new tokens). Keeping the cache a separate segment means a decode step reads
-  it before writing the new entries, so XLA updates it in place instead of copying it around
-  the write. Each kv head serves N // K query heads."""
-  b, t, n, h = q_BxTxNxH.shape
-  kh = segments[0][0].shape[1]
-  q_BxKxGTxH = q_BxTxNxH.reshape(b, t, kh, n // kh, h).transpose(0, 2, 3, 1, 4).reshape(
-      b, kh, -1, h)
-  scores = []
-  for k_BxKxHxS, _, mask_BxTxS in segments:
-    s = jnp.einsum("bkqh,bkhs->bkqs", q_BxKxGTxH, k_BxKxHxS,
-                   preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(h))
-    # Additive, not `where`: a segment masked by a constant (an empty cache in a jitted prefill)
-    # then stays data-dependent, which keeps XLA from constant-folding it (slow, at prefill size).
-    bias_BxGTxS = jnp.tile(jnp.where(mask_BxTxS, 0.0, jnp.finfo(jnp.float32).min), (1, n // kh, 1))
-    scores.append(s + bias_BxGTxS[:, None])
-  sizes = [s.shape[-1] for s in scores]
-  probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
-  out_BxKxGTxH = 0
-  for (_, v_BxKxSxH, _), p in zip(segments, jnp.split(probs, np.cumsum(sizes)[:-1], axis=-1)):
-    out_BxKxGTxH = out_BxKxGTxH + jnp.einsum("bkqs,bksh->bkqh", p.astype(v_BxKxSxH.dtype),
-                                             v_BxKxSxH)
-  return out_BxKxGTxH.reshape(b, kh, n // kh, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
 def param(value: jax.Array, axes: tuple[str | None, ...]) -> nnx.Param:

@@ -9,9 +9,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from tlt_jax.kernels.attention import attention
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.config import ModelConfig
-from tlt_jax.models.layers import MLP, Attention, RMSNorm, attention, dense
+from tlt_jax.models.layers import MLP, Attention, RMSNorm, dense
 
 # Version of the parameter tree's names and shapes (2: fused q/k/v and gate/up kernels; 3: those
 # kernels head-major, `[D, K, G + 2, H]` and `[D, 2, F]`). Caches keyed by it never hand a
@@ -41,12 +42,12 @@ class Block(nnx.Module):
     self.mlp = MLP(cfg, rngs=rngs)
 
   def __call__(self, x_BxTxD, positions_BxT, mask_BxTxT, context=()):
-    """The layer on T new tokens, which attend to each other as `mask_BxTxT` allows and to the
-    `context` segments `(k, v, mask_BxTxS)` in the cache layout (a decode step's cached prefix;
-    none in a full forward). Returns the output and the new keys and values `[B, T, K, H]`."""
+    """The layer on T new tokens, which attend to each other as `mask_BxTxT` allows and to
+    `context`: a decode call's cached prefix (`kernels.attention.Prefix`), or key/value
+    segments of a full forward (`kernels.attention.attention`). Returns the output and the new
+    keys and values `[B, T, K, H]`."""
     q, k, v = self.attn.qkv(self.input_norm(x_BxTxD), positions_BxT)
-    segments = (*context, (*kvc.to_cache_layout(k, v), mask_BxTxT))
-    x_BxTxD = x_BxTxD + self.attn.out(attention(q, segments))
+    x_BxTxD = x_BxTxD + self.attn.out(attention(q, k, v, mask_BxTxT, context))
     return x_BxTxD + self.mlp(self.post_attn_norm(x_BxTxD)), (k, v)
 
 
@@ -112,15 +113,14 @@ class Transformer(nnx.Module):
       positions_BxT = cache.lengths_B[:, None] + depth_BxT
       over_B = kvc.check_write(cache, t)
       mask_BxTxT = kvc.new_tokens_mask(b, t, tree_mask_TxT)
-      prefix_BxTxS = kvc.prefix_mask(cache, t)
-      contexts = [((k, v, prefix_BxTxS),) for k, v in zip(cache.k, cache.v)]
+      contexts = [cache.prefix(i) for i in range(len(self.layers))]
 
     layer_outs = [x] if return_layers else None
     new_k, new_v = [], []
     for i, (block, context) in enumerate(zip(self.layers, contexts)):
       x, (k, v) = block(x, positions_BxT, mask_BxTxT, context)
       if cache is not None:
-        k, v = kvc.write_kv(cache.k[i], cache.v[i], k, v, cache.lengths_B)
+        k, v = kvc.write_kv(cache, i, k, v)
         new_k.append(k)
         new_v.append(v)
       if return_layers:

@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from tlt_jax.kernels.attention import IMPLS, resolve_impl
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.sharding import TP, check_tp
@@ -71,6 +72,10 @@ class EngineConfig:
   # before speculation starts). "eager": every step feeds it (EAGLE-3 fused features, which are
   # not captured, always follow eagerly).
   drafter_follow: str = "lazy"
+  # Attention over the KV cache (`kernels.attention`): "xla", "pallas" (a Pallas kernel that
+  # reads each row's cache only up to its length; interpreted on CPU) or "auto" (pallas on GPU,
+  # xla elsewhere). Both give the same tokens; the cache's layout follows the choice.
+  attention: str = "auto"
 
   def __post_init__(self):
     if sorted(self.batch_buckets) != list(self.batch_buckets) or self.batch_buckets[0] < 1:
@@ -85,6 +90,8 @@ class EngineConfig:
                        f"bucket {self.prefill_buckets[-1]}]; add a larger prefill bucket.")
     if self.drafter_follow not in ("lazy", "eager"):
       raise ValueError(f"drafter_follow must be 'lazy' or 'eager', got {self.drafter_follow!r}.")
+    if self.attention not in ("auto", *IMPLS):
+      raise ValueError(f"attention must be 'auto', 'xla' or 'pallas', got {self.attention!r}.")
 
   @classmethod
   def from_dict(cls, d, key: str = "rollout.engine") -> "EngineConfig":
@@ -154,6 +161,7 @@ class RolloutEngine:
     self.meshes = shard_meshes(devices if devices is not None else jax.local_devices(),
                                config.num_shards, config.tp)
     self.devices = [m.devices.flat[0] for m in self.meshes]  # where a shard's host work goes
+    self.attention = resolve_impl(config.attention, self.devices[0].platform)
     configure_compilation_cache(config.compile_cache_dir)
     self.graphdef, state = nnx.split(model)
     self.drafter = drafter
@@ -210,7 +218,7 @@ class RolloutEngine:
   def _empty_state(self, b: int, cache_len: int, n: int, capture: bool, ctx_len: int,
                    drafter: DraftModel | None):
     return empty_state(self.model_cfg, b, cache_len, n, capture, ctx_len, self.pad_id, drafter,
-                       self.context_proposers)
+                       self.context_proposers, self.attention)
 
   def _state_shape(self, b: int, cache_len: int, n: int, capture: bool, ctx_len: int):
     return jax.eval_shape(
@@ -227,7 +235,7 @@ class RolloutEngine:
       st = self._empty_state(b, cache_len, n, capture, ctx_len, drafter)
       shared = u < b
       rows_of = (lambda x: x[src_B]) if shared else (lambda x: x)
-      cache = kvc.init_cache(cfg, u, cache_len) if shared else st.cache
+      cache = kvc.init_cache(cfg, u, cache_len, impl=self.attention) if shared else st.cache
       out = model(prompts_UxP, cache, return_layers=needs_layers(drafter))
       cache = jax.tree.map(rows_of, kvc.commit(out.cache, lens_U))
       urows, last_U = jnp.arange(u), lens_U - 1
@@ -239,7 +247,7 @@ class RolloutEngine:
           proposers={p.name: p.start(context_BxH, context_len_B)
                      for p in self.context_proposers})
       if drafter is not None:
-        draft = drafter.init_state(cfg, u, cache_len) if shared else st.draft
+        draft = drafter.init_state(cfg, u, cache_len, self.attention) if shared else st.draft
         draft = drafter.prefill(model, draft, prompts_UxP, out, lens_U)  # it reads it too
         st = dataclasses.replace(st, draft=jax.tree.map(rows_of, draft))
       return self._placed(st, shard)

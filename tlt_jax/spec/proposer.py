@@ -83,8 +83,9 @@ class DraftModel(Protocol):
     """Whether it can catch up from captured final hidden states (`catch_up`), so that plain
     steps need not run it."""
 
-  def init_state(self, target_cfg, batch: int, cache_len: int) -> Any:
-    """The state of `batch` rows that have read nothing, for a target cache of `cache_len`."""
+  def init_state(self, target_cfg, batch: int, cache_len: int, attention: str = "xla") -> Any:
+    """The state of `batch` rows that have read nothing, for a target cache of `cache_len`
+    slots laid out for the `attention` implementation (`kernels.attention`)."""
 
   def prefill(self, target, state, prompts_UxP: jax.Array, out, lens_U: jax.Array) -> Any:
     """Reads the prompts, given the target's prefill output `out`."""

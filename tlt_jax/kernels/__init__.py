@@ -1,0 +1,2 @@
+"""Attention implementations behind one seam (`attention.attention`): XLA's, and a Pallas
+kernel for the cached prefix of decode and verification calls."""
