@@ -2,7 +2,6 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-export JAX_PLATFORMS ?= cpu
 export PYTHONUNBUFFERED := 1
 # Test workers (pytest-xdist): most tests compile or dispatch on one core, so two share the machine.
 PYTEST_WORKERS ?= 2
