@@ -105,6 +105,25 @@ def test_eagle_greedy_equals_plain_greedy(trained, layers, arms):
     assert eng.spec.accept_len() > 1.1
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_bf16_speculative_decoding_equals_bf16_plain_decoding(temperature):
+  """bfloat16 compute and cache (float32 weights, float32 logits): a verify pass of T tokens and
+  a decode step of 1 need not round alike, but on a model whose top-2 logit gaps exceed bf16's
+  reduction-order noise (the peaked one) the tokens are the same, greedy and `coupled`."""
+  target = peaked_model(scale=8.0, dtype="bfloat16")
+  assert target(jnp.zeros((1, 2), jnp.int32)).logits_BxTxV.dtype == jnp.float32
+  drafter = _trained_drafter(peaked_model(scale=8.0))[0]
+  params = SamplingParams(temperature=temperature, max_new_tokens=24, stop_tokens=STOPS)
+  prompts = _prompts(8, seed=5)
+  plain, _ = _run(target, params, prompts, 2, key=3, buckets=(4, 8, 16))
+  sd, eng = _run(target, params, prompts, 2,
+                 SpecConfig(threshold=16, rule="coupled", arms=(EAGLE[0], TREE[0]),
+                            min_accept_len=0.0), drafter, key=3, buckets=(4, 8, 16))
+  np.testing.assert_array_equal(sd.tokens, plain.tokens)
+  np.testing.assert_allclose(sd.logprobs, plain.logprobs, atol=2e-2)
+  assert eng.spec.accept_len() > 1.1
+
+
 @pytest.mark.parametrize("arms", [EAGLE, TREE])
 def test_eagle_coupled_equals_plain_sampling(arms):
   target = peaked_model(scale=8.0)

@@ -80,11 +80,14 @@ class Transformer(nnx.Module):
       if rows_R is not None:
         table_VxD = table_VxD[rows_R]
       table_VxD = table_VxD.astype(hidden_BxTxD.dtype)
-      return jnp.einsum("vd,btd->btv", table_VxD, hidden_BxTxD).astype(jnp.float32)
+      return jnp.einsum("vd,btd->btv", table_VxD, hidden_BxTxD,
+                        preferred_element_type=jnp.float32)
     if rows_R is not None:
       kernel_DxR = self.lm_head.kernel[...][:, rows_R].astype(hidden_BxTxD.dtype)
-      return jnp.einsum("btd,dr->btr", hidden_BxTxD, kernel_DxR).astype(jnp.float32)
-    return self.lm_head(hidden_BxTxD).astype(jnp.float32)
+      return jnp.einsum("btd,dr->btr", hidden_BxTxD, kernel_DxR,
+                        preferred_element_type=jnp.float32)
+    return jnp.tensordot(hidden_BxTxD, self.lm_head.kernel[...].astype(hidden_BxTxD.dtype), axes=1,
+                         preferred_element_type=jnp.float32)
 
   def __call__(self, tokens_BxT: jax.Array, cache: kvc.KVCache | None = None, *,
                positions_BxT: jax.Array | None = None, depth_T: jax.Array | None = None,
