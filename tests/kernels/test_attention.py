@@ -14,7 +14,7 @@ from tests.conftest import small_config
 from tests.drafter.test_drafter import STOPS, TREE, _trained_drafter
 from tests.spec.test_spec_engine import _prompts, peaked_model
 from tlt_jax.drafter.proposer import as_proposer
-from tlt_jax.kernels.attention import Prefix, attention, cache_slots, keys_to_layout, resolve_impl
+from tlt_jax.kernels.attention import Prefix, attention, cache_slots, resolve_impl, to_cache_layout
 from tlt_jax.kernels.prefix_pallas import prefix_attention, tiling
 from tlt_jax.models import commit, init_cache, init_model
 from tlt_jax.models.sampling import SamplingParams
@@ -41,17 +41,16 @@ def _case(b, t, kh, g, h, s, tree, seed=0):
 @pytest.mark.parametrize("t,tree", [(1, False), (4, False), (8, False), (4, True), (8, True)])
 def test_the_pallas_path_equals_the_xla_path(g, t, tree):
   q, k_new, v_new, k_cache, v_cache, lengths, mask = _case(4, t, 2, g, 32, 96, tree, seed=g + t)
-  values = v_cache.transpose(0, 2, 1, 3)
   ref = attention(q, k_new, v_new, mask,
-                  Prefix(keys_to_layout(k_cache, "xla"), values, lengths, "xla"))
+                  Prefix(*to_cache_layout(k_cache, v_cache, "xla"), lengths, "xla"))
   out = attention(q, k_new, v_new, mask,
-                  Prefix(keys_to_layout(k_cache, "pallas"), values, lengths, "pallas"))
+                  Prefix(*to_cache_layout(k_cache, v_cache, "pallas"), lengths, "pallas"))
   np.testing.assert_allclose(out, ref, atol=1e-5, rtol=0)
   # The slots past a row's length are never read: changing them changes nothing.
   garbage = jnp.where(jnp.arange(96)[None, :, None, None] >= lengths[:, None, None, None],
                       1e3, k_cache)
   again = attention(q, k_new, v_new, mask,
-                    Prefix(keys_to_layout(garbage, "pallas"), values, lengths, "pallas"))
+                    Prefix(*to_cache_layout(garbage, v_cache, "pallas"), lengths, "pallas"))
   np.testing.assert_array_equal(again, out)
 
 

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from tlt_jax.kernels.attention import to_cache_layout
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.kv_cache import KVCache, init_cache
@@ -155,7 +156,7 @@ class Drafter(nnx.Module):
     own = jnp.broadcast_to(jnp.eye(t, dtype=bool), (b, t, t))
     segments = tuple((k, v, causal if i == 0 else own) for i, (k, v) in enumerate(context))
     x, (k, v) = self.layer(x, positions, causal if depth == 1 else own, segments)
-    return self.norm(x), kvc.to_cache_layout(k, v)
+    return self.norm(x), to_cache_layout(k, v)
 
 
 def init_drafter(target: ModelConfig, cfg: DrafterConfig = DrafterConfig(), seed: int = 0

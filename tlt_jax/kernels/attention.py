@@ -60,9 +60,12 @@ def key_shape(batch: int, kv_heads: int, head_dim: int, slots: int, impl: str) -
           else (batch, kv_heads, slots, head_dim))
 
 
-def keys_to_layout(k_BxTxKxH: jax.Array, impl: str) -> jax.Array:
-  """Fresh keys from a projection in `impl`'s cache layout (T in the slot position)."""
-  return k_BxTxKxH.transpose(0, 2, 3, 1) if impl == "xla" else k_BxTxKxH.transpose(0, 2, 1, 3)
+def to_cache_layout(k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Array, impl: str = "xla"
+                    ) -> tuple[jax.Array, jax.Array]:
+  """Fresh keys and values from a projection in `impl`'s cache layout (T in the slot position;
+  values `[B, K, T, H]`)."""
+  k = k_BxTxKxH.transpose(0, 2, 3, 1) if impl == "xla" else k_BxTxKxH.transpose(0, 2, 1, 3)
+  return k, v_BxTxKxH.transpose(0, 2, 1, 3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +94,7 @@ def attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, mask_BxTxT, context=()) -> jax.Ar
     t = q_BxTxNxH.shape[1]
     context = ((context.k, context.v_BxKxSxH,
                 jnp.broadcast_to(committed_BxS[:, None, :], (committed_BxS.shape[0], t, s))),)
-  new = (keys_to_layout(k_BxTxKxH, "xla"), v_BxTxKxH.transpose(0, 2, 1, 3), mask_BxTxT)
+  new = (*to_cache_layout(k_BxTxKxH, v_BxTxKxH), mask_BxTxT)
   return _xla(q_BxTxNxH, (*context, new))
 
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tlt_jax.kernels.attention import KEY_SLOT_AXIS, Prefix, cache_slots, key_shape, keys_to_layout
+from tlt_jax.kernels.attention import KEY_SLOT_AXIS, Prefix, cache_slots, key_shape, to_cache_layout
 from tlt_jax.models.config import ModelConfig
 
 
@@ -90,12 +90,6 @@ def check_write(cache: KVCache, n_new: int) -> jax.Array:
         f"{np.asarray(cache.lengths_B).tolist()} with {cache.max_len} slots. Allocate a larger "
         "cache (max prompt + max new tokens + speculative slack).")
   return over_B
-
-
-def to_cache_layout(k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Array, impl: str = "xla"
-                    ) -> tuple[jax.Array, jax.Array]:
-  """Fresh keys/values from a projection in `impl`'s cache layout (values `[B, K, T, H]`)."""
-  return keys_to_layout(k_BxTxKxH, impl), v_BxTxKxH.transpose(0, 2, 1, 3)
 
 
 def _write(x, new, start_B, axis: int):
