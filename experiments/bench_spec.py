@@ -2,6 +2,8 @@
 
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_tiny.py
+In bf16 (`--config.model.compute_dtype=bfloat16`) `differing_rows` is the fraction of rows where
+SD and plain decoding part (float32: 0).
 """
 
 import json
@@ -48,12 +50,16 @@ def main(argv):
     for r in sweep:
       print(f"{r['rows']:5d}  {r['arm']:24s} {r['plain_s']:8.3f} {r['sd_s']:8.3f} "
             f"{r['speedup'] or float('nan'):9.3f} {r['accept_len']:7.2f}  {r['identical']}")
-  out = {"model": wc.name, "rule": spec.rule, "threshold": spec.threshold,
+  out = {"model": wc.name, "compute_dtype": wc.precision.compute_dtype,
+         "cache_dtype": ecfg.cache_dtype or wc.precision.compute_dtype,
+         "rule": spec.rule, "threshold": spec.threshold,
          "rows": b.num_prompts * b.group_size, "temperature": wc.temperature,
          "sd_phase_speedup": sampled["sd_phase_speedup"],
          "rollout_speedup": sampled["rollout_speedup"], "accept_len": sampled["accept_len"],
          "accept_len_greedy": greedy["accept_len"], "greedy_exact": greedy["identical"],
          "coupled_identical": sampled["identical"] if spec.rule == "coupled" else None,
+         "differing_rows": sampled["differing_rows"],
+         "differing_rows_greedy": greedy["differing_rows"],
          "chosen_per_bucket": sampled["chosen_per_bucket"],
          "speedup_per_bucket": {b: r["speedup"] for b, r in sampled["per_bucket"].items()},
          "arm_sweep": sweep,

@@ -18,6 +18,7 @@ from tlt_jax.drafter.train import DrafterTrainConfig
 from tlt_jax.drafter.warmup import WarmupConfig, warm_up, warmup_key
 from tlt_jax.errors import ConfigError
 from tlt_jax.evaluation import task_lengths
+from tlt_jax.models.precision import Precision
 from tlt_jax.models.pretrained import load_pretrained
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.tokenizer import CharTokenizer
@@ -42,8 +43,9 @@ class Workload:
 class WorkloadConfig:
   """A workload as a config's sections give it: the registered `name` (`model.name`), the
   starting policy's recipe (`model.warm_start`: `tiny`'s SFT warm start, whose cache follows the
-  run's `cache_dir` unless it names its own), the `task` settings (`reward`, the training pool's
-  `difficulty` mix, and the workload's own) and the rollout's sampling."""
+  run's `cache_dir` unless it names its own; `model.param_dtype` and `model.compute_dtype`: its
+  `precision`), the `task` settings (`reward`, the training pool's `difficulty` mix, and the
+  workload's own) and the rollout's sampling."""
 
   name: str
   task: Mapping
@@ -53,6 +55,7 @@ class WorkloadConfig:
   max_new_tokens: int = 0  # 0: the task's own maximum
   warm_start: Any = None
   cache_dir: str = ""
+  precision: Precision = Precision()
 
   @property
   def reward(self) -> str:
@@ -96,7 +99,7 @@ def workload_config(c: ml_collections.ConfigDict, rollout_keys=("engine",)) -> W
   """The workload of config `c`, checked before any work: `c.model` (name, warm start), `c.task`
   (keys the workload knows; a reward it offers) and the sampling settings of `c.rollout` (whose
   other keys must be among `rollout_keys`)."""
-  model = check_keys(c.model, "model", ("name", "warm_start"))
+  model = check_keys(c.model, "model", ("name", "warm_start", "param_dtype", "compute_dtype"))
   kind = get_workload(model.get("name"))
   task = dict(kind.task, **check_keys(c.get("task"), "task", kind.task))
   if task["reward"] not in kind.rewards:
@@ -114,8 +117,10 @@ def workload_config(c: ml_collections.ConfigDict, rollout_keys=("engine",)) -> W
     warm_start = warm_start.copy_and_resolve_references()
     warm_start.cache_dir = warm_start.get("cache_dir") or c.get("cache_dir", "")
     kind.check_warm_start(warm_start)
+  precision = typed(Precision, {k: model[k] for k in ("param_dtype", "compute_dtype")
+                                if k in model}, "model")
   wc = WorkloadConfig(name=model["name"], task=task, warm_start=warm_start,
-                      cache_dir=c.get("cache_dir", ""),
+                      cache_dir=c.get("cache_dir", ""), precision=precision,
                       **{k: sampling[k] for k in _SAMPLING if k in sampling})
   try:
     sampling_params(wc, wc.max_new_tokens or 1, eos_id=0)
@@ -175,9 +180,11 @@ register_workload("smollm2", WorkloadKind(
 
 
 def starting_policy(wc: WorkloadConfig, progress: bool = True):
-  """The workload's policy before RL: (model, tokenizer, summary). For `tiny` the SFT warm start:
-  shipped, cached, or trained and cached (`summary` says which)."""
-  return get_workload(wc.name).policy(wc, progress)
+  """The workload's policy before RL under its precision policy: (model, tokenizer, summary).
+  For `tiny` the SFT warm start: shipped, cached, or trained and cached (`summary` says
+  which)."""
+  model, tok, summary = get_workload(wc.name).policy(wc, progress)
+  return wc.precision.apply(model), tok, summary
 
 
 def build_workload(wc: WorkloadConfig, num_prompts: int, seed: int,

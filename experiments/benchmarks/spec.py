@@ -90,6 +90,9 @@ def compare(model, prompts, g, params: SamplingParams, engine_cfg: EngineConfig,
   summary = sd_engine.spec.summary()
   return {
       "identical": bool(np.array_equal(plain.tokens, sd.tokens)),
+      # Rows whose tokens differ: 0 in float32 (greedy, coupled); in bf16 a verify of T tokens
+      # and a decode step need not round alike, so a near-tie may break the other way.
+      "differing_rows": float(np.mean(np.any(plain.tokens != sd.tokens, axis=1))),
       # Whole rollouts: tokens per second (the ratio of wall times where outputs are identical).
       "rollout_speedup": round((sd.timeline.tokens / sd_s) / (plain.timeline.tokens / plain_s), 3),
       "sd_phase_speedup": _round(sd_speedup(plain, sd, in_phase)),

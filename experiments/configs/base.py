@@ -31,12 +31,19 @@ def warm_start(small: bool = False) -> CD:
   return c
 
 
+def precision(compute_dtype: str = "float32") -> dict:
+  """The precision policy (tlt_jax/models/precision.py): master weights and optimizer state in
+  `param_dtype`, matmuls and activations in `compute_dtype` (bfloat16 on accelerators; float32
+  is faster on CPU); norms, softmax statistics, logits and log-probs are float32 either way."""
+  return dict(param_dtype="float32", compute_dtype=compute_dtype)
+
+
 def tiny_model(small: bool = False) -> CD:
-  return CD(dict(name="tiny", warm_start=warm_start(small)))
+  return CD(dict(name="tiny", warm_start=warm_start(small), **precision()))
 
 
 def smollm2_model() -> CD:
-  return CD(dict(name="smollm2"))
+  return CD(dict(name="smollm2", **precision()))
 
 
 def tiny_task(**settings) -> CD:
@@ -62,7 +69,8 @@ def rollout(small: bool = False, **sampling) -> CD:
   c.engine = CD(dict(
       batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), max_batch=128,
       prefill_buckets=(16, 32, 64, 128, 256, 512), steps_per_dispatch=8, num_shards=1, tp=1,
-      cache_slack=0, compile_cache_dir="", precompile=False, attention="auto"))
+      cache_slack=0, compile_cache_dir="", precompile=False, attention="auto",
+      cache_dtype=""))  # cache_dtype empty: the model's compute dtype
   if small:  # two batch buckets (16 rows compacting to 4): every bucket is programs to build
     c.engine.batch_buckets, c.engine.max_batch = (4, 16), 16
   return c

@@ -8,6 +8,7 @@ import pytest
 
 from experiments.configs import base, tiny_baseline, tiny_tlt
 from tlt_jax.errors import ConfigError
+from tlt_jax.models.precision import Precision
 from tlt_jax.rl.config import run_config
 from tlt_jax.rl.grpo import GRPOConfig
 
@@ -64,6 +65,13 @@ def test_no_config_imports_another_than_the_shared_base():
     (lambda c: c.update(spec=base.spec(8, (("eagle", 3, 0),))), "config.drafter: an ('eagle'"),
     (lambda c: c.drafter.update(adaptive=base.adaptive()), "config.drafter.adaptive needs an "
                                                            "EAGLE drafter"),
+    (lambda c: c.model.update(compute_dtype="bf16"), "config.model: compute_dtype='bf16' is not "
+                                                     "one of float32, bfloat16, float16"),
+    (lambda c: c.model.update(param_dtype="bfloat16", compute_dtype="float32"),
+     "config.model: param_dtype=bfloat16 is narrower than compute_dtype=float32"),
+    (lambda c: c.model.update(dtype="bfloat16"), "did you mean config.model.param_dtype?"),
+    (lambda c: c.rollout.engine.update(cache_dtype="int8"), "config.rollout.engine: cache_dtype "
+                                                            "must be ''"),
 ])
 def test_a_bad_key_or_value_is_one_config_error_naming_it(change, message):
   c = tiny_baseline.get_config("small")
@@ -71,6 +79,15 @@ def test_a_bad_key_or_value_is_one_config_error_naming_it(change, message):
   with pytest.raises(ConfigError) as e:
     run_config(c)
   assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_precision_policy_is_read_from_the_model_section():
+  c = tiny_baseline.get_config("small")
+  assert run_config(c).workload.precision == Precision()  # float32 throughout by default
+  c.model.compute_dtype, c.rollout.engine.cache_dtype = "bfloat16", "bfloat16"
+  rc = run_config(c)
+  assert rc.workload.precision == Precision("float32", "bfloat16")
+  assert rc.engine.cache_dtype == "bfloat16"
 
 
 def test_a_tlt_config_s_drafter_sections_are_checked():

@@ -47,8 +47,9 @@ class WarmupConfig:
 
 
 def target_fingerprint(target) -> str:
-  """A short hash of the target's weights and config (which drafter belongs to which policy)."""
-  h = hashlib.sha256(repr(target.cfg).encode())
+  """A short hash of the target's weights and config (which drafter belongs to which policy),
+  whatever its compute dtype: a policy run in bf16 uses the drafter of its float32 self."""
+  h = hashlib.sha256(repr(target.cfg.replace(dtype="float32")).encode())
   for x in jax.tree.leaves(nnx.state(target, nnx.Param)):
     a = np.asarray(x)
     h.update(a.tobytes()[:4096])

@@ -29,6 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from tlt_jax.kernels.attention import IMPLS, resolve_impl
 from tlt_jax.models import kv_cache as kvc
+from tlt_jax.models.precision import DTYPES
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.sharding import TP, check_tp
 from tlt_jax.rollout import compiles
@@ -76,6 +77,9 @@ class EngineConfig:
   # reads each row's cache only up to its length; interpreted on CPU) or "auto" (pallas on GPU,
   # xla elsewhere). Both give the same tokens; the cache's layout follows the choice.
   attention: str = "auto"
+  # The policy's KV cache dtype (`models/precision.py`); empty: the model's compute dtype. The
+  # draft model's one-layer cache is always in the compute dtype.
+  cache_dtype: str = ""
 
   def __post_init__(self):
     if sorted(self.batch_buckets) != list(self.batch_buckets) or self.batch_buckets[0] < 1:
@@ -92,6 +96,9 @@ class EngineConfig:
       raise ValueError(f"drafter_follow must be 'lazy' or 'eager', got {self.drafter_follow!r}.")
     if self.attention not in ("auto", *IMPLS):
       raise ValueError(f"attention must be 'auto', 'xla' or 'pallas', got {self.attention!r}.")
+    if self.cache_dtype not in ("", *DTYPES):
+      raise ValueError(f"cache_dtype must be '' (the compute dtype) or one of {DTYPES}, got "
+                       f"{self.cache_dtype!r}.")
 
   @classmethod
   def from_dict(cls, d, key: str = "rollout.engine") -> "EngineConfig":
@@ -162,16 +169,17 @@ class RolloutEngine:
                                config.num_shards, config.tp)
     self.devices = [m.devices.flat[0] for m in self.meshes]  # where a shard's host work goes
     self.attention = resolve_impl(config.attention, self.devices[0].platform)
+    self.cache_dtype = config.cache_dtype or model.cfg.dtype
     configure_compilation_cache(config.compile_cache_dir)
     self.graphdef, state = nnx.split(model)
     self.drafter = drafter
     self.dgraphdef, dstate = nnx.split(drafter.module) if drafter is not None else (None, None)
     self.lazy_follow = (drafter is not None and config.drafter_follow == "lazy"
                         and drafter.follows_lazily)
+    self.weights = WeightStore(self.meshes, state, dstate, dtype=model.cfg.dtype)
     self.pool = ExecutablePool(cache_dir=config.compile_cache_dir,
-                               fingerprint=self._fingerprint((state, dstate)),
+                               fingerprint=self._fingerprint(self.weights.abstract(0)),
                                twins=config.num_shards > 1)
-    self.weights = WeightStore(self.meshes, state, dstate)
 
   def _fingerprint(self, state) -> str:
     """What, besides the pool key, determines a compiled program."""
@@ -218,7 +226,7 @@ class RolloutEngine:
   def _empty_state(self, b: int, cache_len: int, n: int, capture: bool, ctx_len: int,
                    drafter: DraftModel | None):
     return empty_state(self.model_cfg, b, cache_len, n, capture, ctx_len, self.pad_id, drafter,
-                       self.context_proposers, self.attention)
+                       self.context_proposers, self.attention, self.cache_dtype)
 
   def _state_shape(self, b: int, cache_len: int, n: int, capture: bool, ctx_len: int):
     return jax.eval_shape(
@@ -235,7 +243,8 @@ class RolloutEngine:
       st = self._empty_state(b, cache_len, n, capture, ctx_len, drafter)
       shared = u < b
       rows_of = (lambda x: x[src_B]) if shared else (lambda x: x)
-      cache = kvc.init_cache(cfg, u, cache_len, impl=self.attention) if shared else st.cache
+      cache = (kvc.init_cache(cfg, u, cache_len, self.cache_dtype, self.attention) if shared
+               else st.cache)
       out = model(prompts_UxP, cache, return_layers=needs_layers(drafter))
       cache = jax.tree.map(rows_of, kvc.commit(out.cache, lens_U))
       urows, last_U = jnp.arange(u), lens_U - 1

@@ -76,15 +76,17 @@ class DecodeState:
 
 def empty_state(cfg, b: int, cache_len: int, n: int, capture: bool, context_len: int,
                 pad_id: int, drafter: DraftModel | None = None,
-                proposers: tuple[Proposer, ...] = (), attention: str = "xla") -> DecodeState:
+                proposers: tuple[Proposer, ...] = (), attention: str = "xla",
+                cache_dtype: str = "") -> DecodeState:
   """A state of `b` done rows (with the draft model's state when there is one, and that of each
   of `proposers`, from an empty context of `context_len` slots), its caches laid out for the
-  `attention` implementation."""
+  `attention` implementation, the policy's in `cache_dtype` (empty: the compute dtype)."""
   i32 = lambda: jnp.zeros((b,), jnp.int32)
   context_BxH = jnp.full((b, context_len), -1, jnp.int32)
   return DecodeState(
       draft=drafter.init_state(cfg, b, cache_len, attention) if drafter is not None else None,
-      cache=kvc.init_cache(cfg, b, cache_len, impl=attention), logits_BxV=jnp.zeros((b, cfg.vocab_size)),
+      cache=kvc.init_cache(cfg, b, cache_len, cache_dtype or None, attention),
+      logits_BxV=jnp.zeros((b, cfg.vocab_size)),
       sample_id_B=i32(), t_B=i32(), done_B=jnp.ones((b,), bool), stopped_B=jnp.zeros((b,), bool),
       tokens_BxN=jnp.full((b, n), pad_id, jnp.int32), logprobs_BxN=jnp.zeros((b, n), jnp.float32),
       spec=SpecState(pending_B=jnp.full((b,), -1, jnp.int32), steps_B=i32(), tokens_B=i32()),

@@ -2,7 +2,9 @@
 (each shard a sub-mesh: `rollout/shards.py`), laid out on the shard's devices by their logical
 axes (`models/sharding.py`: heads and MLP split over the shard's `tp` devices).
 
-Weights enter the compiled programs as arguments, so installing new ones (the policy after each
+The store keeps them in the model's compute dtype (`models/precision.py`): a bf16 run's policy is
+cast from its float32 master copy once per sync, not once per step. Weights enter the compiled
+programs as arguments, so installing new ones (the policy after each
 update, a drafter version the publisher accepted) compiles nothing. The store keeps the one
 drafter version counter: a publisher installs through it and reads its version from it, and
 checkpoints record it.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import Mesh, NamedSharding
 
+from tlt_jax.models.precision import compute_copy
 from tlt_jax.models.sharding import param_shardings
 from tlt_jax.rollout.shards import placed_shapes, replicated
 
@@ -22,10 +25,11 @@ def _abstract(state):
 
 
 class WeightStore:
-  """Per-shard copies of the policy's and (optionally) the draft model's weights."""
+  """Per-shard copies of the policy's and (optionally) the draft model's weights, in `dtype`
+  (the models' compute dtype)."""
 
-  def __init__(self, meshes: list[Mesh], policy_state, drafter_state=None):
-    self.meshes = list(meshes)
+  def __init__(self, meshes: list[Mesh], policy_state, drafter_state=None, dtype="float32"):
+    self.meshes, self.dtype = list(meshes), dtype
     self.drafter_version = 0
     self._drafter, self._abstract_drafter = None, None
     self.set_policy(policy_state)
@@ -35,6 +39,7 @@ class WeightStore:
 
   def set_policy(self, state) -> None:
     """Installs new policy weights (e.g. from a sharded trainer) on every shard."""
+    state = compute_copy(state, self.dtype)
     self._abstract_policy = _abstract(state)
     self._policy = self._place(state)
 
@@ -43,6 +48,7 @@ class WeightStore:
     `version`, by default the next one."""
     if self._drafter is None:
       raise ValueError("This engine was built without a drafter.")
+    state = compute_copy(state, self.dtype)
     self._abstract_drafter = _abstract(state)
     self._drafter = self._place(state)
     self.drafter_version = self.drafter_version + 1 if version is None else version
