@@ -6,7 +6,7 @@ export PYTHONUNBUFFERED := 1
 # Test workers (pytest-xdist): most tests compile or dispatch on one core, so two share the machine.
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow install smollm2 warmstart clean-cache
+.PHONY: demo test test-slow install smollm2 warmstart clean-cache bench-gpu
 
 $(VENV)/.base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,16 @@ test-slow: $(VENV)/.test $(VENV)/.smollm2
 warmstart: $(VENV)/.base
 	$(PY) -m experiments.sft_warmstart --config=experiments/configs/sft_tiny.py --ship
 	$(PY) -m experiments.drafter_warmup --config=experiments/configs/demo.py:drafter --ship
+
+# On a GPU box with a network: the `gpu` extra (jax[cuda12], jax-triton) into .venv, then the GPU
+# benchmark (experiments/configs/bench_gpu.py; figures under runs/bench_gpu). Without an NVIDIA
+# GPU it stops before installing anything.
+bench-gpu:
+	@nvidia-smi -L >/dev/null 2>&1 || { echo "make bench-gpu needs an NVIDIA GPU and nvidia-smi \
+	finds none; in a CUDA container without a network run python -m experiments.bench_gpu."; exit 2; }
+	$(MAKE) $(VENV)/.base
+	$(PY) -m pip install -q -e ".[gpu]"
+	$(PY) -m experiments.bench_gpu --config=experiments/configs/bench_gpu.py
 
 clean-cache:
 	rm -rf .cache

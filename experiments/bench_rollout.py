@@ -65,11 +65,11 @@ def main(argv):
     path = smollm2_gguf_path()
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
-    for b in (1, 16):
-      r = bench.engine_vs_hf(w.model, hf, w.prompts[0], b, b.hf_new_tokens, ecfg,
+    for rows in (1, 16):
+      r = bench.engine_vs_hf(w.model, hf, w.prompts[0], rows, b.hf_new_tokens, ecfg,
                              w.tokenizer.pad_id)
-      print(f"batch {b}: engine {r['engine_s']} s vs HF {r['hf_s']} s")
-      out[f"engine_vs_hf_b{b}"] = r["ratio"]
+      print(f"batch {rows}: engine {r['engine_s']} s vs HF {r['hf_s']} s")
+      out[f"engine_vs_hf_b{rows}"] = r["ratio"]
     out.update(step_against_floor(w.model, 512))
   out["date"] = time.strftime("%Y-%m-%d")
   print(json.dumps(out))

@@ -1,6 +1,7 @@
 """End-to-end runs (make test-slow): the demo on the real warm start, benchmark variants, GRPO
 runs, resume after SIGKILL, and the notebooks executed on small runs."""
 
+import json
 import os
 import signal
 import subprocess
@@ -70,6 +71,25 @@ def test_bench_spec_small(tmp_path):
   assert out["greedy_exact"] is True and out["coupled_identical"] is True
   assert out["differing_rows"] == out["differing_rows_greedy"] == 0.0
   assert out["accept_len"] >= 1.0
+
+
+def test_bench_gpu_small_writes_every_figure(tmp_path):
+  """The GPU benchmark's pieces on CPU (the kernel interpreted; the table says these are not
+  speed figures): one JSON per benchmark and the markdown table."""
+  out = last_json(run_module("experiments.bench_gpu",
+                             "--config=experiments/configs/bench_gpu.py:small",
+                             f"--config.out_dir={tmp_path}"))
+  assert out["platform"] == "cpu" and out["attention"] == "pallas" and set(out["shapes"]) == {
+      "tiny"}
+  cost = json.loads((tmp_path / "tiny_cost.json").read_text())
+  assert {(r["B"], r["T"]) for r in cost["table"]} == {(1, 1), (1, 4), (2, 1), (2, 4)}
+  assert set(cost["verify_over_decode"]) == {"B1_T4", "B2_T4"} and cost["step_ms_b1"] > 0
+  rollout = json.loads((tmp_path / "tiny_rollout.json").read_text())
+  assert [r["rows"] for r in rollout] == [1, 2] and all(r["step_ms"] > 0 for r in rollout)
+  spec = json.loads((tmp_path / "tiny_spec.json").read_text())
+  assert 0.0 <= spec["differing_rows"] <= 1.0 and spec["accept_len"] >= 1.0
+  table = (tmp_path / "bench_gpu.md").read_text()
+  assert table.startswith("CPU: the Pallas kernel is interpreted") and "\n| tiny | " in table
 
 
 def test_train_grpo_small_tlt_is_the_same_run_as_the_baseline_and_the_notebooks_run(

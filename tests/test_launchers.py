@@ -96,3 +96,17 @@ def test_a_layout_the_devices_cannot_hold_is_one_line(tmp_path):
                       f"--config.out_dir={tmp_path}/run", override)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert expect in proc.stderr.strip().splitlines()[-1]
+
+
+def test_the_gpu_benchmark_stops_at_once_without_a_gpu(tmp_path):
+  """`python -m experiments.bench_gpu` and `make bench-gpu` on this CPU machine: one line saying
+  why, before any work (make installs nothing)."""
+  proc = run_module("experiments.bench_gpu", f"--config.out_dir={tmp_path}/gpu", timeout=120)
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert "experiments.bench_gpu needs a GPU, and jax" in proc.stderr.strip().splitlines()[-1]
+  assert not os.path.exists(tmp_path / "gpu")
+  env = {k: v for k, v in os.environ.items() if k != "MAKEFLAGS"}
+  make = subprocess.run(["make", "-s", "bench-gpu", "VENV=" + str(tmp_path / "venv")], cwd=ROOT,
+                        capture_output=True, text=True, timeout=60, env=env)
+  assert make.returncode != 0 and "make bench-gpu needs an NVIDIA GPU" in make.stdout
+  assert not os.path.exists(tmp_path / "venv")

@@ -15,6 +15,7 @@ from flax import nnx
 
 from tlt_jax.drafter.model import drafter_cache
 from tlt_jax.models import kv_cache as kvc
+from tlt_jax.models.precision import compute_copy
 from tlt_jax.models.sampling import SamplingParams, argmax, processed_logprobs
 
 _COST_PARAMS = SamplingParams(temperature=0.9)  # a sampled draft, as in the benchmarks
@@ -59,7 +60,8 @@ def machine_floors(mbytes: int = 512, n: int = 2048, iters: int = 5) -> dict:
   return {"bandwidth_gb_s": round(bandwidth, 2), "matmul_gflop_s": round(2 * n ** 3 / t / 1e9, 1)}
 
 
-def step_against_floor(model, cache_len: int, rounds: int = 5, iters: int = 10) -> dict:
+def step_against_floor(model, cache_len: int, rounds: int = 5, iters: int = 10,
+                       impl: str = "xla") -> dict:
   """A decode step at batch 1, c(1, 1), against the weight-read floor (bytes of weights ÷ read
   bandwidth), the two measured in alternating rounds so that both see the same moments of a
   shared machine. Each is reported as its fastest reading (load on a shared machine only ever
@@ -71,7 +73,7 @@ def step_against_floor(model, cache_len: int, rounds: int = 5, iters: int = 10) 
     t_sum, t_mv, nbytes = _read_times(512, 5)
     floor_min.append(weights / nbytes * min(t_sum.min(), t_mv.min()))
     floor_med.append(weights / nbytes * min(np.median(t_sum), np.median(t_mv)))
-    t_step = step_times(model, 1, 1, cache_len, iters=iters)
+    t_step = step_times(model, 1, 1, cache_len, iters=iters, impl=impl)
     step_min.append(t_step.min())
     step_med.append(np.median(t_step))
   ms = lambda x: round(1e3 * float(x), 2)
@@ -86,16 +88,19 @@ def param_bytes(model) -> int:
 
 
 def step_times(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 64,
-               iters: int = 10) -> np.ndarray:
+               iters: int = 10, impl: str = "xla") -> np.ndarray:
   """Seconds of `iters` calls of one jitted cached step (see `step_runner`)."""
-  return _times(step_runner(model, batch, tokens, cache_len, prefix=prefix), iters)
+  return _times(step_runner(model, batch, tokens, cache_len, prefix=prefix, impl=impl), iters)
 
 
-def step_runner(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 64):
+def step_runner(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 64,
+                impl: str = "xla"):
   """A call of one jitted cached step, compiled once: `tokens` new tokens for each of `batch`
   rows over a committed prefix of `prefix` tokens, followed by a commit (as a decode or a
-  verify). The cache is donated and updated in place, as in the engine."""
+  verify), with attention implementation `impl` and the weights in the compute dtype, as the
+  engine holds them. The cache is donated and updated in place, as in the engine."""
   graphdef, state = nnx.split(model)
+  state = compute_copy(state, model.cfg.dtype)
   cfg = model.cfg
   prefix_B = jnp.full((batch,), prefix, jnp.int32)
 
@@ -105,7 +110,7 @@ def step_runner(model, batch: int, tokens: int, cache_len: int, *, prefix: int =
     cache = kvc.commit(out.cache, jnp.ones((batch,), jnp.int32))
     return out.logits_BxTxV, cache.replace(lengths_B=prefix_B)  # the same step every call
 
-  box = [kvc.init_cache(cfg, batch, cache_len).replace(lengths_B=prefix_B)]
+  box = [kvc.init_cache(cfg, batch, cache_len, impl=impl).replace(lengths_B=prefix_B)]
   toks = jnp.ones((batch, tokens), jnp.int32)
 
   def run():
@@ -178,8 +183,8 @@ def alternating_times(runners: dict, rounds: int, iters: int) -> dict:
   return {k: np.asarray(v) for k, v in times.items()}
 
 
-def cost_table(model, batches, tokens, cache_len: int, iters: int = 10, rounds: int = 3
-               ) -> list[dict]:
+def cost_table(model, batches, tokens, cache_len: int, iters: int = 10, rounds: int = 3,
+               impl: str = "xla") -> list[dict]:
   """c(B, T) for every pair, in milliseconds, with the per-row-token cost.
 
   The cells of one batch are timed together (`alternating_times`, every step compiled once),
@@ -188,8 +193,8 @@ def cost_table(model, batches, tokens, cache_len: int, iters: int = 10, rounds: 
   from the same moments of the machine, not from cells measured minutes apart."""
   rows = []
   for b in batches:
-    times = alternating_times({t: step_runner(model, b, t, cache_len) for t in tokens},
-                              rounds, iters)
+    times = alternating_times({t: step_runner(model, b, t, cache_len, impl=impl)
+                               for t in tokens}, rounds, iters)
     for t in tokens:
       c, med = float(np.min(times[t])), float(np.median(times[t]))
       rows.append({"B": b, "T": t, "ms": round(1e3 * c, 3), "ms_median": round(1e3 * med, 3),

@@ -9,8 +9,10 @@ import pytest
 from flax import nnx
 
 from tests.conftest import small_config
+from tlt_jax.drafter.buffer import BufferConfig, DataBuffer, pack_segments
 from tlt_jax.models import init_model
 from tlt_jax.models.precision import Precision, compute_copy
+from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 
 TOKENS = jnp.array([[3, 9, 14, 2, 40, 7, 11, 5]], jnp.int32)
@@ -72,3 +74,20 @@ def test_the_engine_holds_compute_dtype_weights_and_its_cache_dtype():
 def test_a_bad_policy_is_a_clear_error(kw, message):
   with pytest.raises(ValueError, match=message):
     Precision(**kw)
+
+
+def test_captured_hidden_states_keep_the_compute_dtype():
+  """A bf16 rollout's captured hidden states reach the drafter's buffer and its batches in bf16
+  (half the transfer and memory of float32), equal to what the device held."""
+  b = Precision(compute_dtype="bfloat16").apply(init_model(small_config(), seed=0))
+  engine = RolloutEngine(b, EngineConfig(batch_buckets=(4,), max_batch=4, prefill_buckets=(16,),
+                                         precompile=False))
+  params = SamplingParams(temperature=1.0, max_new_tokens=6)
+  res = engine.generate([[3, 4, 5], [6, 7]], 2, params, jax.random.key(0), capture_hidden=True)
+  assert res.hidden.dtype == res.prompt_hidden.dtype == jnp.dtype("bfloat16")
+  buf = DataBuffer(BufferConfig(min_length=1))
+  buf.add_rollout([[3, 4, 5], [6, 7]], 2, res, version=0, step=0)
+  seg = buf.segments()[0]
+  assert seg.hidden_LxD.dtype == jnp.dtype("bfloat16")
+  np.testing.assert_array_equal(seg.hidden_LxD[1:], res.hidden[0, :res.lengths[0]])
+  assert pack_segments(buf.segments(), 8, 0)[1].dtype == jnp.dtype("bfloat16")

@@ -7,7 +7,8 @@ positions, tagged with the policy version and RL step that produced them. The dr
 position t, to map (embed(token t+1), hidden t) to hidden t+1 and the target's next-token
 distribution, which is exactly what a segment holds: no second target forward is needed.
 
-Memory is bounded by `max_tokens` (bytes: max_tokens x D x 4 for float32 hidden states, plus the
+Hidden states keep the target's compute dtype (bf16: half of float32's bytes). Memory is bounded
+by `max_tokens` (bytes: max_tokens x D x 4 for float32 hidden states, x 2 for bf16, plus the
 tokens): when full, the oldest RL step's segments go first. Sampling favours what the rollout's
 tail is made of: a segment is drawn with probability proportional to length ** `length_power`
 (long responses dominate the tail's time) times 0.5 ** (age in RL steps / `half_life`).
@@ -25,6 +26,7 @@ import numpy as np
 class Segment:
   tokens_L: np.ndarray        # [L] int32: the last prompt token, then the response
   hidden_LxD: np.ndarray      # [L, D]: the target's final hidden state at each of those positions
+                              # (in its compute dtype)
   version: int                # policy version: updates applied to the weights that sampled it
   step: int                   # RL step of the rollout
 
@@ -84,7 +86,7 @@ class DataBuffer:
       n = int(n)
       toks = np.concatenate([[prompts[i // group_size][-1]], result.tokens[i, :n]]).astype(np.int32)
       hidden = np.concatenate([result.prompt_hidden[i][None], result.hidden[i, :n]], axis=0)
-      self.add(Segment(toks, hidden.astype(np.float32), version, step))
+      self.add(Segment(toks, hidden, version, step))
     return len(result.lengths)
 
   def weights(self) -> np.ndarray:
@@ -111,7 +113,7 @@ def pack_segments(segs: list[Segment], seq_len: int, pad_id: int
   than `seq_len` contribute a random window (so the tail's late positions are trained too)."""
   d = segs[0].hidden_LxD.shape[1]
   toks = np.full((len(segs), seq_len), pad_id, np.int32)
-  hidden = np.zeros((len(segs), seq_len, d), np.float32)
+  hidden = np.zeros((len(segs), seq_len, d), segs[0].hidden_LxD.dtype)
   mask = np.zeros((len(segs), seq_len), np.float32)
   rng = np.random.default_rng(sum(s.length for s in segs))
   for i, s in enumerate(segs):

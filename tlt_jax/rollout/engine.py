@@ -392,7 +392,8 @@ class RolloutEngine:
     call = _Call(prompts, rows, self._waves(len(rows)), params, p_bucket,
                  (cache_len, n, capture_hidden or self.lazy_follow, ctx_len), corpus or {},
                  [jax.device_put(key, self.weights.sharding(s)) for s in range(len(self.meshes))],
-                 Results(len(rows), n, self.model_cfg.d_model, self.pad_id, capture_hidden),
+                 Results(len(rows), n, self.model_cfg.d_model, self.pad_id, capture_hidden,
+                         self.model_cfg.dtype),
                  Timeline(self.cfg.num_shards))
     built = compiles.Since()
     start = time.perf_counter()

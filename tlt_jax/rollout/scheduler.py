@@ -12,6 +12,7 @@ import dataclasses
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from tlt_jax.rollout.state import DecodeState
@@ -46,15 +47,19 @@ def next_ready(runs: dict[int, ShardRun]) -> int:
 
 
 class Results:
-  """Host buffers for a call's `R` rows of up to `N` new tokens, filled as shards finish rows."""
+  """Host buffers for a call's `R` rows of up to `N` new tokens, filled as shards finish rows;
+  captured hidden states (`hidden`) in `hidden_dtype`, the model's compute dtype (bf16 halves
+  their transfer and the drafter buffer's memory)."""
 
-  def __init__(self, rows: int, n: int, d_model: int, pad_id: int, hidden: bool):
+  def __init__(self, rows: int, n: int, d_model: int, pad_id: int, hidden: bool,
+               hidden_dtype="float32"):
     self.tokens_RxN = np.full((rows, n), pad_id, np.int32)
     self.logprobs_RxN = np.zeros((rows, n), np.float32)
     self.lengths_R = np.zeros(rows, np.int32)
     self.stopped_R = np.zeros(rows, bool)
-    self.hidden_RxNxD = np.zeros((rows, n, d_model), np.float32) if hidden else None
-    self.prompt_hidden_RxD = np.zeros((rows, d_model), np.float32) if hidden else None
+    dtype = jnp.dtype(hidden_dtype)
+    self.hidden_RxNxD = np.zeros((rows, n, d_model), dtype) if hidden else None
+    self.prompt_hidden_RxD = np.zeros((rows, d_model), dtype) if hidden else None
 
   def harvest(self, st: DecodeState, slots: np.ndarray, rows: np.ndarray) -> None:
     """Copies the given slots of a shard's state into their rows."""

@@ -1,0 +1,50 @@
+"""The GPU benchmark: c(B, T), the batch-1 step against the weight-read floor, the engine's rollout
+and speculative decoding, on random-initialised models of SmolLM2-135M's and Qwen2.5-1.5B's shapes
+(no model file needs to travel) in bf16 with the Pallas attention path; SD acceptance on the real
+SmolLM2 where it and a saved drafter are present (`smollm2_drafter_dir`).
+
+Run on a GPU box (with a network `make bench-gpu` installs the `gpu` extra first):
+  make bench-gpu
+  python -m experiments.bench_gpu --config=experiments/configs/bench_gpu.py
+Small variant (the tests'; on CPU the kernel is interpreted, so its times are not speed figures):
+  python -m experiments.bench_gpu --config=experiments/configs/bench_gpu.py:small
+"""
+
+import ml_collections
+
+from experiments.configs import base
+
+# The shapes of the models the issue targets, as ModelConfig fields (weights are random).
+SMOLLM2_135M = dict(family="llama", vocab_size=49152, d_model=576, n_layers=30, n_heads=9,
+                    n_kv_heads=3, d_ff=1536, rope_theta=100000.0, tie_embeddings=True)
+QWEN25_1_5B = dict(family="qwen2", vocab_size=151936, d_model=1536, n_layers=28, n_heads=12,
+                   n_kv_heads=2, d_ff=8960, rope_theta=1000000.0, tie_embeddings=True)
+TINY = dict(family="llama", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+            d_ff=64)
+
+
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+  if variant not in ("", "small"):
+    raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
+  small = variant == "small"
+  c = ml_collections.ConfigDict()
+  c.out_dir = "runs/bench_gpu"
+  c.require_gpu = not small     # without a GPU the command stops at once, with a message
+  c.dtype = "bfloat16"          # weights, compute and cache
+  c.attention = "pallas"
+  c.shapes = {"tiny": TINY} if small else {"smollm2_135m": SMOLLM2_135M,
+                                           "qwen2_5_1_5b": QWEN25_1_5B}
+  c.batches = (1, 2) if small else (1, 2, 4, 8)
+  c.tokens = (1, 4) if small else (1, 4, 8)  # T = 4: a chain of 3 drafts and the bonus token
+  c.cache_len = 64 if small else 1024
+  c.iters = 2 if small else 20
+  c.rounds = 1 if small else 3
+  c.rollout = dict(rows=(1, 2) if small else (1, 8), prompt_len=16 if small else 128,
+                   new_tokens=8 if small else 256)
+  c.spec = dict(depth=3, rows=2 if small else 8, repeats=1 if small else 3)
+  c.smollm2_drafter_dir = ""    # a `drafter_warmup` artifact for SmolLM2: its acceptance too
+  c.smollm2 = base.smollm2_workload()  # bf16 compute over float32 master weights
+  c.smollm2.model.compute_dtype = c.dtype
+  c.smollm2.num_prompts = 8
+  c.smollm2.group_size = 4
+  return c
