@@ -46,10 +46,10 @@ def main(argv):
     sweep = bench.arm_sweep(w.model, w.prompts, tuple(b.sweep_rows), w.params, ecfg, sweep_spec,
                             key, w.tokenizer.pad_id, b.repeats, drafter=drafter)
     print(f"arms alone at temperature {wc.temperature}, by rows at the start:")
-    print(" rows  arm                       plain s     SD s   speedup  accept  identical")
+    print(" rows  arm                       plain s     SD s   speedup  accept  differing rows")
     for r in sweep:
       print(f"{r['rows']:5d}  {r['arm']:24s} {r['plain_s']:8.3f} {r['sd_s']:8.3f} "
-            f"{r['speedup'] or float('nan'):9.3f} {r['accept_len']:7.2f}  {r['identical']}")
+            f"{r['speedup'] or float('nan'):9.3f} {r['accept_len']:7.2f}  {r['differing_rows']:.3f}")
   out = {"model": wc.name, "compute_dtype": wc.precision.compute_dtype,
          "cache_dtype": ecfg.cache_dtype or wc.precision.compute_dtype,
          "rule": spec.rule, "threshold": spec.threshold,

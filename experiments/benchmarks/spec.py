@@ -137,7 +137,8 @@ def arm_sweep(model, prompts, rows_list, params: SamplingParams, engine_cfg: Eng
                     "sd_s": round(_decode_s(sd), 4),
                     "speedup": _round(sd_speedup(plain, sd)),
                     "accept_len": round(engine.spec.accept_len(), 3),
-                    "identical": bool(np.array_equal(plain.tokens, sd.tokens))})
+                    "identical": bool(np.array_equal(plain.tokens, sd.tokens)),
+                    "differing_rows": float(np.mean(np.any(plain.tokens != sd.tokens, axis=1)))})
   return table
 
 

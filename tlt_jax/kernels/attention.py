@@ -36,11 +36,13 @@ def default_impl(backend: str | None = None) -> str:
   return "pallas" if (backend or jax.default_backend()) == "gpu" else "xla"
 
 
-def resolve_impl(name: str, backend: str | None = None) -> str:
-  """"auto", "xla" or "pallas" to the implementation to run, or a one-line error."""
+def resolve_impl(name: str, backend: str | None = None, tp: int = 1) -> str:
+  """"auto", "xla" or "pallas" to the implementation to run on `backend` with the cache's kv
+  heads split over `tp` devices, or a one-line error. "auto" takes xla when tp > 1: the kernel's
+  call is not yet mapped over the kv-head shards, so XLA would gather the cache for it."""
   backend = backend or jax.default_backend()
   if name == "auto":
-    return default_impl(backend)
+    return default_impl(backend) if tp == 1 else "xla"
   if name not in IMPLS:
     raise ValueError(f"Unknown attention implementation {name!r}; use 'auto', 'xla' or 'pallas'.")
   if name == "pallas" and backend == "tpu":

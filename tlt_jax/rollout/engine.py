@@ -75,7 +75,7 @@ class EngineConfig:
   drafter_follow: str = "lazy"
   # Attention over the KV cache (`kernels.attention`): "xla", "pallas" (a Pallas kernel that
   # reads each row's cache only up to its length; interpreted on CPU) or "auto" (pallas on GPU,
-  # xla elsewhere). Both give the same tokens; the cache's layout follows the choice.
+  # xla elsewhere, and with tp > 1). Both give the same tokens; the cache's layout follows it.
   attention: str = "auto"
   # The policy's KV cache dtype (`models/precision.py`); empty: the model's compute dtype. The
   # draft model's one-layer cache is always in the compute dtype.
@@ -168,7 +168,7 @@ class RolloutEngine:
     self.meshes = shard_meshes(devices if devices is not None else jax.local_devices(),
                                config.num_shards, config.tp)
     self.devices = [m.devices.flat[0] for m in self.meshes]  # where a shard's host work goes
-    self.attention = resolve_impl(config.attention, self.devices[0].platform)
+    self.attention = resolve_impl(config.attention, self.devices[0].platform, config.tp)
     self.cache_dtype = config.cache_dtype or model.cfg.dtype
     configure_compilation_cache(config.compile_cache_dir)
     self.graphdef, state = nnx.split(model)
