@@ -82,10 +82,10 @@ def test_bench_gpu_small_writes_every_figure(tmp_path):
   assert out["platform"] == "cpu" and out["attention"] == "pallas" and set(out["shapes"]) == {
       "tiny"}
   cost = json.loads((tmp_path / "tiny_cost.json").read_text())
-  assert {(r["B"], r["T"]) for r in cost["table"]} == {(1, 1), (1, 4), (2, 1), (2, 4)}
-  assert set(cost["verify_over_decode"]) == {"B1_T4", "B2_T4"} and cost["step_ms_b1"] > 0
+  assert {(r["B"], r["T"]) for r in cost["table"]} == {(1, 1), (1, 4)}
+  assert set(cost["verify_over_decode"]) == {"B1_T4"} and cost["step_ms_b1"] > 0
   rollout = json.loads((tmp_path / "tiny_rollout.json").read_text())
-  assert [r["rows"] for r in rollout] == [1, 2] and all(r["step_ms"] > 0 for r in rollout)
+  assert [r["rows"] for r in rollout] == [2] and rollout[0]["step_ms"] > 0
   spec = json.loads((tmp_path / "tiny_spec.json").read_text())
   assert 0.0 <= spec["differing_rows"] <= 1.0 and spec["accept_len"] >= 1.0
   table = (tmp_path / "bench_gpu.md").read_text()
@@ -122,15 +122,16 @@ def test_train_grpo_small_tlt_is_the_same_run_as_the_baseline_and_the_notebooks_
 def test_a_tiny_grpo_run_in_bf16_learns_with_finite_losses(tmp_path):
   """The warm-started `tiny` policy with bf16 compute and cache over float32 masters: rewards
   are mixed, gradients non-zero, losses finite, and the trainer's log-probs stay within 0.1 nats
-  of the rollout's (measured: 0.018-0.030; float32: ~1e-6)."""
+  of the rollout's (measured: 0.015, 0.010; float32: 3e-6, 4e-6)."""
   out = tmp_path / "bf16"
   last_json(run_module(
       "experiments.train_grpo", "--config=experiments/configs/tiny_baseline.py",
       "--config.model.compute_dtype=bfloat16", "--config.rollout.engine.cache_dtype=bfloat16",
       f"--config.out_dir={out}", f"--config.cache_dir={tmp_path}", "--config.train.steps=2",
       "--config.train.eval_every=0", "--config.train.checkpoint_every=0",
-      "--config.train.prompts_per_step=4", "--config.train.num_prompts=64",
-      "--config.rollout.engine.batch_buckets=(4, 32)", "--config.rollout.engine.max_batch=32"))
+      "--config.train.prompts_per_step=4", "--config.train.group_size=4",
+      "--config.train.num_prompts=64",
+      "--config.rollout.engine.batch_buckets=(4, 16)", "--config.rollout.engine.max_batch=16"))
   history = read_metrics(str(out))
   assert len(history) == 2 and any(0 < m["reward"] < 1 for m in history)
   for m in history:

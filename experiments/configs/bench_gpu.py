@@ -34,12 +34,12 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.attention = "pallas"
   c.shapes = {"tiny": TINY} if small else {"smollm2_135m": SMOLLM2_135M,
                                            "qwen2_5_1_5b": QWEN25_1_5B}
-  c.batches = (1, 2) if small else (1, 2, 4, 8)
+  c.batches = (1,) if small else (1, 2, 4, 8)
   c.tokens = (1, 4) if small else (1, 4, 8)  # T = 4: a chain of 3 drafts and the bonus token
   c.cache_len = 64 if small else 1024
   c.iters = 2 if small else 20
   c.rounds = 1 if small else 3
-  c.rollout = dict(rows=(1, 2) if small else (1, 8), prompt_len=16 if small else 128,
+  c.rollout = dict(rows=(2,) if small else (1, 8), prompt_len=16 if small else 128,
                    new_tokens=8 if small else 256)
   c.spec = dict(depth=3, rows=2 if small else 8, repeats=1 if small else 3)
   c.smollm2_drafter_dir = ""    # a `drafter_warmup` artifact for SmolLM2: its acceptance too
