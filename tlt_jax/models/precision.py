@@ -26,6 +26,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclasses.dataclass(frozen=True)
 class Precision:
+  """A run's precision policy (`config.model.param_dtype`, `config.model.compute_dtype`)."""
+
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
 
