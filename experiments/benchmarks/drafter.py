@@ -34,14 +34,15 @@ def accept_len(policy, drafter, prompts, group_size: int, params, engine_cfg: En
 
 def hidden_state_error(policy, prompts, group_size: int, result, rows: int = 16) -> float:
   """Max |captured hidden - full forward| over every position of the first `rows` rows."""
-  buf = DataBuffer(BufferConfig(max_tokens=10 ** 9))
+  buf = DataBuffer(BufferConfig(max_tokens=int(result.lengths.sum()) + len(result.lengths)),
+                   policy.cfg.d_model, policy.cfg.dtype)
   buf.add_rollout(prompts, group_size, result, 0, 0)
   worst = 0.0
   for i, seg in enumerate(buf.segments()[:rows]):
     p = prompts[i // group_size]
     full = list(p) + result.response(i)
     want = policy(jnp.asarray([full])).hidden_BxTxD[0, len(p) - 1:]
-    worst = max(worst, float(np.abs(seg.hidden_LxD - np.asarray(want)).max()))
+    worst = max(worst, float(np.abs(buf.hidden(seg) - np.asarray(want)).max()))
   return worst
 
 

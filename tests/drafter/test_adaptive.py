@@ -12,7 +12,7 @@ from tests.drafter.test_drafter import EAGLE, STOPS, _trained_drafter
 from tests.rl.test_trainer import engine, workload
 from tests.spec.test_spec_engine import _prompts, peaked_model
 from tlt_jax.drafter.adaptive import AdaptiveConfig
-from tlt_jax.drafter.buffer import BufferConfig, DataBuffer, Segment, pack_segments
+from tlt_jax.drafter.buffer import BufferConfig, DataBuffer
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.drafter.proposer import EagleProposer
 from tlt_jax.drafter.publish import DrafterPublisher, PublishConfig, chain_accept_len
@@ -29,9 +29,10 @@ from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 
-def _seg(n, step=0, d=4, version=0):
-  return Segment(np.arange(n, dtype=np.int32), np.full((n, d), float(n), np.float32), version,
-                 step)
+def _add(buf, n, step=0, d=4, version=0):
+  """A segment of `n` tokens whose hidden states all equal n + 100 * step."""
+  return buf.add(np.arange(n, dtype=np.int32), np.full((n, d), n + 100.0 * step, np.float32),
+                 version, step)
 
 
 # ---------------------------------------------------------------- capture
@@ -56,10 +57,13 @@ def sd_rollout():
 def test_every_buffered_hidden_state_equals_a_full_forward(sd_rollout):
   target, _, prompts, res, eng = sd_rollout
   assert res.timeline.summary()["sd_on_fraction"] > 0.5 and eng.spec.accept_len() > 1.2
-  buf = DataBuffer(BufferConfig(max_tokens=10_000))
-  buf.add_rollout(prompts, 2, res, version=3, step=7)
+  buf = DataBuffer(BufferConfig(max_tokens=10_000), target.cfg.d_model)
+  with jax.transfer_guard_device_to_host("disallow_explicit"):  # device to device only
+    added = buf.add_rollout(prompts, 2, res, version=3, step=7)
+    _, batch_hidden, _ = buf.pack(added, 16, 0)
+  assert isinstance(batch_hidden, jax.Array) and batch_hidden.devices() == {buf.device}
   segs = buf.segments()
-  assert len(segs) == 12 and all(s.version == 3 and s.step == 7 for s in segs)
+  assert added == segs and len(segs) == 12 and all(s.version == 3 and s.step == 7 for s in segs)
   worst = 0.0
   for i, seg in enumerate(segs):
     p = prompts[i // 2]
@@ -67,8 +71,9 @@ def test_every_buffered_hidden_state_equals_a_full_forward(sd_rollout):
     want = target(jnp.asarray([full])).hidden_BxTxD[0, len(p) - 1:]
     assert seg.length == len(want) == 1 + int(res.lengths[i])
     np.testing.assert_array_equal(seg.tokens_L, [p[-1]] + res.response(i))
-    assert np.all(np.abs(seg.hidden_LxD).sum(-1) > 0)  # none missing or zero
-    worst = max(worst, float(np.abs(seg.hidden_LxD - np.asarray(want)).max()))
+    hidden = buf.hidden(seg)
+    assert np.all(np.abs(hidden).sum(-1) > 0)  # none missing or zero
+    worst = max(worst, float(np.abs(hidden - np.asarray(want)).max()))
   assert worst < 1e-4
 
 
@@ -76,39 +81,55 @@ def test_every_buffered_hidden_state_equals_a_full_forward(sd_rollout):
 
 
 def test_buffer_keeps_its_cap_and_evicts_the_oldest_steps_first():
-  buf = DataBuffer(BufferConfig(max_tokens=100))
+  buf = DataBuffer(BufferConfig(max_tokens=100), d_model=4)
   for step in range(10):
     for n in (8, 12):
-      buf.add(_seg(n, step))
+      _add(buf, n, step)
       assert buf.tokens <= 100
   assert buf.tokens == sum(s.length for s in buf.segments()) <= 100
   assert [s.step for s in buf.segments()] == [5, 5, 6, 6, 7, 7, 8, 8, 9, 9]  # 20 tokens a step
   assert buf.newest_step == 9 and buf.evicted == 10
-  buf.add(_seg(1, 10))  # too short to hold a training pair: ignored
+  # The ring has wrapped around several times: every kept segment still reads its own rows.
+  for s in buf.segments():
+    np.testing.assert_array_equal(buf.hidden(s), s.length + 100.0 * s.step)
+  assert _add(buf, 1, 10) is None  # too short to hold a training pair: ignored
   assert buf.newest_step == 9
   with pytest.raises(ValueError, match="exceeds the buffer's capacity"):
-    buf.add(_seg(101, 11))
+    _add(buf, 101, 11)
 
 
 def test_sampling_favours_long_segments_and_recent_steps():
-  buf = DataBuffer(BufferConfig(max_tokens=10_000, length_power=1.0, half_life=2.0))
-  buf.add(_seg(10, step=4))
-  buf.add(_seg(100, step=4))
-  buf.add(_seg(100, step=0))  # two half-lives old: weight 100 / 4 = 25
+  buf = DataBuffer(BufferConfig(max_tokens=10_000, length_power=1.0, half_life=2.0), d_model=4)
+  _add(buf, 10, step=4)
+  _add(buf, 100, step=4)
+  _add(buf, 100, step=0)  # two half-lives old: weight 100 / 4 = 25
   np.testing.assert_allclose(buf.weights(), np.array([10, 100, 25]) / 135)
   draws = buf.sample(20_000, np.random.default_rng(0))
   counts = np.array([sum(d is s for d in draws) for s in buf.segments()])
   # Binomial standard deviation <= 0.0035 at n = 20000: a 0.015 tolerance is > 4 sigma.
   np.testing.assert_allclose(counts / 20_000, np.array([10, 100, 25]) / 135, atol=0.015)
   with pytest.raises(ValueError, match="empty"):
-    DataBuffer().sample(1)
+    DataBuffer(BufferConfig(), d_model=4).sample(1)
 
 
-def test_pack_segments_pads_and_windows_long_segments():
-  toks, hidden, mask = pack_segments([_seg(3), _seg(9)], seq_len=5, pad_id=0)
-  assert toks.shape == (2, 5) and hidden.shape == (2, 5, 4)
-  np.testing.assert_array_equal(mask[0], [1, 1, 1, 0, 0])
-  assert mask[1].sum() == 5 and np.all(np.diff(toks[1]) == 1)  # a contiguous window
+def test_pack_pads_and_windows_long_segments_with_their_own_hidden_states():
+  buf = DataBuffer(BufferConfig(max_tokens=16), d_model=4)
+  for n in (5, 9, 3):  # the third wraps around the ring's end (rows 14, 15, 0)
+    buf.add(np.arange(n, dtype=np.int32) + 10 * n, np.arange(n * 4, dtype=np.float32
+                                                            ).reshape(n, 4) + 100 * n, 0, 0)
+  segs = buf.segments()
+  assert [s.length for s in segs] == [9, 3] and buf.evicted == 1  # 17 tokens > 16: one evicted
+  assert buf.pack(segs, seq_len=5, pad_id=0, dtype="bfloat16")[1].dtype == jnp.bfloat16
+  toks, hidden, mask = buf.pack(segs, seq_len=5, pad_id=0, rows=3)
+  assert toks.shape == (3, 5) and hidden.shape == (3, 5, 4)
+  hidden = np.asarray(hidden)
+  np.testing.assert_array_equal(mask, [[1] * 5, [1, 1, 1, 0, 0], [0] * 5])
+  start = int(toks[0, 0]) - 90  # the random window of the 9-token segment
+  np.testing.assert_array_equal(toks[0], 90 + start + np.arange(5))  # a contiguous window
+  want = np.arange(36, dtype=np.float32).reshape(9, 4)[start: start + 5] + 900
+  np.testing.assert_array_equal(hidden[0], want)
+  np.testing.assert_array_equal(hidden[1, :3], np.arange(12).reshape(3, 4) + 300)
+  assert not np.any(hidden[1, 3:]) and not np.any(hidden[2])  # padding reads zeros
 
 
 # ---------------------------------------------------------------- spot training
@@ -123,7 +144,7 @@ def _spot(target, buf, seed=5):
 
 def test_preempt_and_resume_equals_an_uninterrupted_run(sd_rollout):
   target, _, prompts, res, _ = sd_rollout
-  buf = DataBuffer(BufferConfig(max_tokens=10_000))
+  buf = DataBuffer(BufferConfig(max_tokens=10_000), target.cfg.d_model)
   buf.add_rollout(prompts, 2, res, 0, 0)
   straight = _spot(target, buf)
   straight.train_steps(6)
@@ -166,10 +187,9 @@ def test_publishing_refuses_nan_and_collapsed_drafters(sd_rollout):
   greedy = SamplingParams(temperature=0.0, max_new_tokens=24)  # the data the drafter fits
   prompts = _prompts(8, seed=9)
   res = eng.generate(prompts, 1, greedy, jax.random.key(0), capture_hidden=True)
-  buf = DataBuffer(BufferConfig(max_tokens=10_000))
-  buf.add_rollout(prompts, 1, res, 0, 0)
-  sample = buf.segments()
-  pub = DrafterPublisher(eng, PublishConfig(depth=4, min_ratio=0.8, seq_len=32), 0)
+  buf = DataBuffer(BufferConfig(max_tokens=10_000), target.cfg.d_model)
+  sample = buf.pack(buf.add_rollout(prompts, 1, res, 0, 0), 32, 0)
+  pub = DrafterPublisher(eng, PublishConfig(depth=4, min_ratio=0.8, seq_len=32))
   tparams = nnx.state(target)
   good = nnx.state(drafter, nnx.Param)
   version = eng.weights.drafter_version

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from tests.conftest import small_config
-from tlt_jax.drafter.buffer import BufferConfig, DataBuffer, Segment
+from tlt_jax.drafter.buffer import BufferConfig, DataBuffer
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.drafter.spot import SpotConfig, SpotTrainer
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
@@ -38,11 +38,11 @@ def main():
   devices = jax.devices()
   target = init_model(small_config(), seed=0)
   rng = np.random.default_rng(0)
-  buf = DataBuffer(BufferConfig(max_tokens=10_000))
+  buf = DataBuffer(BufferConfig(max_tokens=10_000), target.cfg.d_model)
   for i in range(12):
     n = int(rng.integers(6, 20))
-    buf.add(Segment(rng.integers(3, 53, n).astype(np.int32),
-                    rng.normal(size=(n, target.cfg.d_model)).astype(np.float32), 0, 0))
+    buf.add(rng.integers(3, 53, n).astype(np.int32),
+            rng.normal(size=(n, target.cfg.d_model)).astype(np.float32), 0, 0)
   spot = spot_trainer(target, buf)
   refs = [replica(spot, i, 3, devices[i]) for i in range(2)]  # from the state before training
   assert spot.start(devices[0]) and spot.start(devices[1]) and not spot.start(devices[1])

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from tests.conftest import small_config
-from tlt_jax.drafter.buffer import BufferConfig, DataBuffer, pack_segments
+from tlt_jax.drafter.buffer import BufferConfig, DataBuffer
 from tlt_jax.models import init_model
 from tlt_jax.models.precision import Precision, compute_copy
 from tlt_jax.models.sampling import SamplingParams
@@ -84,10 +84,13 @@ def test_captured_hidden_states_keep_the_compute_dtype():
                                          precompile=False))
   params = SamplingParams(temperature=1.0, max_new_tokens=6)
   res = engine.generate([[3, 4, 5], [6, 7]], 2, params, jax.random.key(0), capture_hidden=True)
-  assert res.hidden.dtype == res.prompt_hidden.dtype == jnp.dtype("bfloat16")
-  buf = DataBuffer(BufferConfig(min_length=1))
+  hidden, prompt_hidden = res.hidden.to_host()
+  assert all(p.hidden_BxNxD.dtype == p.prompt_hidden_BxD.dtype == jnp.bfloat16
+             for p in res.hidden.pieces)
+  buf = DataBuffer(BufferConfig(min_length=1), b.cfg.d_model, b.cfg.dtype)
   buf.add_rollout([[3, 4, 5], [6, 7]], 2, res, version=0, step=0)
   seg = buf.segments()[0]
-  assert seg.hidden_LxD.dtype == jnp.dtype("bfloat16")
-  np.testing.assert_array_equal(seg.hidden_LxD[1:], res.hidden[0, :res.lengths[0]])
-  assert pack_segments(buf.segments(), 8, 0)[1].dtype == jnp.dtype("bfloat16")
+  assert buf.ring_CxD.dtype == buf.hidden(seg).dtype == jnp.bfloat16
+  np.testing.assert_array_equal(buf.hidden(seg)[0], prompt_hidden[0])
+  np.testing.assert_array_equal(buf.hidden(seg)[1:], hidden[0, :res.lengths[0]])
+  assert buf.pack(buf.segments(), 8, 0)[1].dtype == jnp.bfloat16

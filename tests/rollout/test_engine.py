@@ -88,7 +88,13 @@ def test_sampled_outputs_identical_across_buckets_k_and_waves(model):
     SamplingParams(temperature=1.0, top_p=0.8, max_new_tokens=16, stop_tokens=STOPS)])
 def test_logprobs_and_hidden_states_equal_a_full_forward(model, params):
   prompts = _prompts(3, seed=2)
-  res = _engine(model).generate(prompts, 2, params, jax.random.key(1), capture_hidden=True)
+  eng = _engine(model)
+  res = eng.generate(prompts, 2, params, jax.random.key(1), capture_hidden=True)
+  # They stay on the devices that decoded them until asked for.
+  assert res.hidden.pieces and all(
+      isinstance(a, jax.Array) and a.devices() <= set(eng.devices)
+      for p in res.hidden.pieces for a in (p.hidden_BxNxD, p.prompt_hidden_BxD))
+  hidden, prompt_hidden = res.hidden.to_host()
   for i in range(6):
     prompt, resp = prompts[i // 2], res.response(i)
     seq = jnp.asarray([prompt + resp])
@@ -96,11 +102,11 @@ def test_logprobs_and_hidden_states_equal_a_full_forward(model, params):
     logp = processed_logprobs(out.logits_BxTxV[0, len(prompt) - 1: -1], params)
     want = np.asarray(jnp.take_along_axis(logp, jnp.asarray(resp)[:, None], axis=1)[:, 0])
     np.testing.assert_allclose(res.logprobs[i, : len(resp)], want, atol=1e-4)
-    np.testing.assert_allclose(res.hidden[i, : len(resp)], out.hidden_BxTxD[0, len(prompt):],
+    np.testing.assert_allclose(hidden[i, : len(resp)], out.hidden_BxTxD[0, len(prompt):],
                                atol=1e-4)
-    np.testing.assert_allclose(res.prompt_hidden[i], out.hidden_BxTxD[0, len(prompt) - 1],
+    np.testing.assert_allclose(prompt_hidden[i], out.hidden_BxTxD[0, len(prompt) - 1],
                                atol=1e-4)
-    assert not np.any(res.hidden[i, len(resp):])  # nothing past the end
+    assert not np.any(hidden[i, len(resp):])  # nothing past the end
 
 
 def test_first_token_distribution_matches_processed_distribution():

@@ -61,22 +61,26 @@ class AdaptiveDrafter:
       raise ValueError("The adaptive drafter trains from captured final hidden states; an "
                        "EAGLE-3 drafter fusing several layers (feature_layers) is not supported "
                        "here. Use feature_layers=() or keep that drafter frozen.")
-    self.engine, self.cfg = engine, cfg
-    self.buffer = DataBuffer(cfg.buffer, seed=cfg.spot.seed)
+    self.engine, self.cfg, self.pad_id = engine, cfg, pad_id
+    self.buffer = DataBuffer(cfg.buffer, engine.model_cfg.d_model, engine.model_cfg.dtype,
+                             engine.devices[0], seed=cfg.spot.seed)
     self.spot = SpotTrainer(DrafterTrainer(drafter, target, cfg.train), self.buffer, cfg.spot,
                             pad_id)
-    self.publisher = DrafterPublisher(engine, cfg.publish, pad_id)
+    self.publisher = DrafterPublisher(engine, cfg.publish)
     self.in_use = self.spot.trainer.params      # the published version's parameters
     self._log_mark = 0
 
-  def warm_up(self, target_params) -> None:
-    """Builds what the hooks run (a spot-training step on every rollout device, the publishing
-    check) before the first RL step, on zeros: nothing is trained or published."""
-    d_model = self.engine.model_cfg.d_model
+  def warm_up(self, target_params, max_new_tokens: int) -> None:
+    """Builds what the hooks run (the buffer's writes of a rollout's rows of up to
+    `max_new_tokens` tokens, a spot-training step on every rollout device, the publishing
+    check) before the first RL step, on empty data: nothing is trained or published."""
+    top = next(b for b in self.engine.cfg.batch_buckets if b >= self.engine.cfg.max_batch)
+    buckets = [b for b in self.engine.cfg.batch_buckets if b <= top]
+    self.buffer.warm_up(buckets, max_new_tokens, self.engine.model_cfg.dtype)
     for device in self.engine.devices:
-      self.spot.warm_up(device, d_model)
+      self.spot.warm_up(device)
       self.publisher.finite(jax.device_put(self.in_use, device))
-    self.publisher.warm_up(self.in_use, target_params, self.cfg.holdout_rows, d_model)
+    self.publisher.warm_up(self.in_use, target_params, self._holdout_batch([]))
     if jax.process_count() > 1:  # the collectives `after_rollout` runs
       distributed.mean_replicas(self.spot.trainer.state())
       distributed.warm_up()
@@ -95,21 +99,19 @@ class AdaptiveDrafter:
     budget_steps = self.spot.train_for(self.cfg.spot.budget_s)
     if jax.process_count() > 1:
       self.spot.trainer.load_state(distributed.mean_replicas(self.spot.trainer.state()))
-    holdout = DataBuffer(dataclasses.replace(self.cfg.buffer, max_tokens=10 ** 9))
-    holdout.add_rollout(prompts, group_size, result, policy_version, step)
-    rows = holdout.segments()
+    # The new rows enter the buffer after the candidate's last step: they are held back.
+    rows = self.buffer.add_rollout(prompts, group_size, result, policy_version, step)
     rng = np.random.default_rng([self.cfg.spot.seed, step])
     sample = [rows[i] for i in rng.choice(len(rows), min(self.cfg.holdout_rows, len(rows)),
                                           replace=False)] if rows else []
     steps = self.spot.log[self._log_mark:]
     published = False
     if distributed.total(float(bool(steps and sample))) > 0:  # all processes, or none, check
-      published = self.publisher.publish(self.spot.trainer.params, target_params, sample,
+      published = self.publisher.publish(self.spot.trainer.params, target_params,
+                                          self._holdout_batch(sample) if sample else None,
                                           current=self.in_use, agree=distributed.first)
       if published:
         self.in_use = self.spot.trainer.params
-    for seg in rows:
-      self.buffer.add(seg)
     idle_available = float(sum(result.timeline.wall_s - end for end in
                                result.timeline.shard_end))
     idle_used = float(sum(r.end - r.start for r in steps if r.start < t0))
@@ -133,6 +135,10 @@ class AdaptiveDrafter:
         out["drafter/holdout_accept_len"] = last.get("accept_len", 0.0)
         out["drafter/in_use_accept_len"] = last.get("in_use_accept_len", 0.0)
     return out
+
+  def _holdout_batch(self, sample):
+    return self.buffer.pack(sample, self.cfg.publish.seq_len, self.pad_id,
+                            rows=self.cfg.holdout_rows)
 
   def after_update(self, target_params) -> None:
     self.spot.trainer.set_target(target_params)

@@ -1,4 +1,5 @@
-"""The drafter's training data, captured from rollouts: bounded, recency-aware, tail-favouring.
+"""The drafter's training data, captured from rollouts: bounded, recency-aware, tail-favouring,
+and held on a device.
 
 A rollout run with `capture_hidden=True` yields, for every row, the target's final hidden state at
 the last prompt position and at every emitted response token (plain and speculative steps alike).
@@ -7,26 +8,31 @@ positions, tagged with the policy version and RL step that produced them. The dr
 position t, to map (embed(token t+1), hidden t) to hidden t+1 and the target's next-token
 distribution, which is exactly what a segment holds: no second target forward is needed.
 
-Hidden states keep the target's compute dtype (bf16: half of float32's bytes). Memory is bounded
-by `max_tokens` (bytes: max_tokens x D x 4 for float32 hidden states, x 2 for bf16, plus the
-tokens): when full, the oldest RL step's segments go first. Sampling favours what the rollout's
-tail is made of: a segment is drawn with probability proportional to length ** `length_power`
-(long responses dominate the tail's time) times 0.5 ** (age in RL steps / `half_life`).
+The hidden states never go through the host: they are written from the rollout's device pieces
+(`tlt_jax.rollout.captured`) into a ring of `max_tokens` rows on the buffer's device, in the
+target's compute dtype (memory: max_tokens x D x 4 bytes for float32, x 2 for bf16), and a batch
+is gathered from the ring there; the host keeps each segment's tokens and where its hidden states
+sit. When full, the oldest RL step's segments go first. Sampling favours what the rollout's tail
+is made of: a segment is drawn with probability proportional to length ** `length_power` (long
+responses dominate the tail's time) times 0.5 ** (age in RL steps / `half_life`).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
   tokens_L: np.ndarray        # [L] int32: the last prompt token, then the response
-  hidden_LxD: np.ndarray      # [L, D]: the target's final hidden state at each of those positions
-                              # (in its compute dtype)
+  start: int                  # where its hidden states begin in the stream of tokens the buffer
+                              # has written (ring row: start % max_tokens)
   version: int                # policy version: updates applied to the weights that sampled it
   step: int                   # RL step of the rollout
 
@@ -37,7 +43,7 @@ class Segment:
 
 @dataclasses.dataclass(frozen=True)
 class BufferConfig:
-  max_tokens: int = 200_000   # capacity in segment tokens (tiny: ~150 MB of float32 hidden states)
+  max_tokens: int = 200_000   # capacity in segment tokens (rows of the device ring)
   length_power: float = 1.0   # sampling weight ~ length ** length_power
   half_life: float = 4.0      # sampling weight halves every `half_life` RL steps of age
   min_length: int = 2         # shorter segments hold no training pair
@@ -48,12 +54,32 @@ class BufferConfig:
                        f"got {self}.")
 
 
-class DataBuffer:
-  """Segments from recent rollouts, at most `max_tokens` tokens in all."""
+@functools.partial(jax.jit, donate_argnums=0)
+def _write(ring_CxD, hidden_BxNxD, prompt_hidden_BxD, slot_K, pos_K, dst_K):
+  """Writes `hidden[slot, pos]` (`prompt_hidden[slot]` where pos is -1) into ring row `dst`;
+  a `dst` past the ring writes nothing."""
+  src_KxD = jnp.where((pos_K < 0)[:, None], prompt_hidden_BxD[slot_K],
+                      hidden_BxNxD[slot_K, jnp.maximum(pos_K, 0)])
+  return ring_CxD.at[dst_K].set(src_KxD.astype(ring_CxD.dtype), mode="drop")
 
-  def __init__(self, cfg: BufferConfig = BufferConfig(), seed: int = 0):
-    self.cfg = cfg
+
+@functools.partial(jax.jit, static_argnums=2)
+def _gather(ring_CxD, idx_BxL, dtype):
+  """Ring rows `idx` in `dtype`; zeros where `idx` is past the ring."""
+  return ring_CxD.at[idx_BxL].get(mode="fill", fill_value=0).astype(dtype)
+
+
+class DataBuffer:
+  """Segments from recent rollouts, at most `max_tokens` tokens in all; their hidden states
+  (`d_model` wide, in `dtype`) on `device` (default: the first local device)."""
+
+  def __init__(self, cfg: BufferConfig, d_model: int, dtype="float32", device=None,
+               seed: int = 0):
+    self.cfg, self.dtype = cfg, jnp.dtype(dtype)
+    self.device = device or jax.local_devices()[0]
+    self.ring_CxD = jnp.zeros((cfg.max_tokens, d_model), self.dtype, device=self.device)
     self._segments: collections.deque[Segment] = collections.deque()
+    self._written = 0  # tokens written since the buffer was made
     self.tokens = 0
     self.evicted = 0
     self._rng = np.random.default_rng(seed)
@@ -65,29 +91,87 @@ class DataBuffer:
   def newest_step(self) -> int:
     return max((s.step for s in self._segments), default=-1)
 
-  def add(self, seg: Segment) -> None:
-    if seg.length < self.cfg.min_length:
-      return
-    if seg.length > self.cfg.max_tokens:
-      raise ValueError(f"A {seg.length}-token segment exceeds the buffer's capacity "
+  def _place(self, tokens_L, version: int, step: int) -> Segment | None:
+    """Reserves ring rows for a segment (evicting the oldest); None when it is too short."""
+    n = len(tokens_L)
+    if n < self.cfg.min_length:
+      return None
+    if n > self.cfg.max_tokens:
+      raise ValueError(f"A {n}-token segment exceeds the buffer's capacity "
                        f"({self.cfg.max_tokens} tokens); raise BufferConfig.max_tokens.")
+    seg = Segment(np.asarray(tokens_L, np.int32), self._written, version, step)
+    self._written += n
     self._segments.append(seg)
-    self.tokens += seg.length
+    self.tokens += n
     while self.tokens > self.cfg.max_tokens:  # oldest RL step first (segments arrive in order)
       old = self._segments.popleft()
       self.tokens -= old.length
       self.evicted += 1
+    return seg
 
-  def add_rollout(self, prompts, group_size: int, result, version: int, step: int) -> int:
-    """Adds every row of a `RolloutEngine.generate(..., capture_hidden=True)` result."""
+  def _rows(self, seg: Segment, offset: int = 0, n: int | None = None) -> np.ndarray:
+    n = seg.length - offset if n is None else n
+    return ((seg.start + offset + np.arange(n)) % self.cfg.max_tokens).astype(np.int32)
+
+  def add(self, tokens_L, hidden_LxD, version: int, step: int) -> Segment | None:
+    """Adds one segment from host arrays (a rollout's rows go through `add_rollout`)."""
+    seg = self._place(tokens_L, version, step)
+    if seg is not None:
+      hidden_LxD = np.asarray(hidden_LxD)
+      n = seg.length
+      self.ring_CxD = _write(self.ring_CxD, jax.device_put(hidden_LxD[None, 1:], self.device),
+                             jax.device_put(hidden_LxD[:1], self.device), np.zeros(n, np.int32),
+                             np.arange(-1, n - 1, dtype=np.int32), self._rows(seg))
+    return seg
+
+  def add_rollout(self, prompts, group_size: int, result, version: int, step: int
+                  ) -> list[Segment]:
+    """Adds every row of a `RolloutEngine.generate(..., capture_hidden=True)` result, reading
+    its hidden states on the device; returns the new segments the buffer still holds."""
     if result.hidden is None:
       raise ValueError("The rollout was run without capture_hidden=True: no hidden states.")
+    placed = {}
     for i, n in enumerate(result.lengths):
-      n = int(n)
-      toks = np.concatenate([[prompts[i // group_size][-1]], result.tokens[i, :n]]).astype(np.int32)
-      hidden = np.concatenate([result.prompt_hidden[i][None], result.hidden[i, :n]], axis=0)
-      self.add(Segment(toks, hidden, version, step))
-    return len(result.lengths)
+      toks = [prompts[i // group_size][-1]] + result.tokens[i, :int(n)].tolist()
+      placed[i] = self._place(toks, version, step)
+    alive = self._segments[0].start if self._segments else self._written
+    held = {i: s for i, s in placed.items() if s is not None and s.start >= alive}
+    for piece in result.hidden.pieces:
+      self._write_piece(piece, held)
+    return list(held.values())
+
+  def _write_piece(self, piece, placed: dict) -> None:
+    """Writes the rows of one rollout piece that have a place in the ring."""
+    b, n = piece.hidden_BxNxD.shape[:2]
+    slot_K, pos_K = np.zeros(b * (n + 1), np.int32), np.zeros(b * (n + 1), np.int32)
+    dst_K = np.full(b * (n + 1), self.cfg.max_tokens, np.int32)  # past the ring: no write
+    k = 0
+    for slot, row in zip(piece.slots, piece.rows):
+      seg = placed.get(int(row))
+      if seg is None:
+        continue
+      slot_K[k: k + seg.length] = slot
+      pos_K[k: k + seg.length] = np.arange(-1, seg.length - 1)
+      dst_K[k: k + seg.length] = self._rows(seg)
+      k += seg.length
+    put = lambda x: jax.device_put(x, self.device)
+    self.ring_CxD = _write(self.ring_CxD, put(piece.hidden_BxNxD),
+                           put(piece.prompt_hidden_BxD), slot_K, pos_K, dst_K)
+
+  def warm_up(self, batch_sizes, n: int, dtype) -> None:
+    """Builds the writes of `add_rollout` for pieces of these batch sizes, `n` tokens and the
+    rollout's `dtype`, writing nothing."""
+    d = self.ring_CxD.shape[1]
+    for b in batch_sizes:
+      k = b * (n + 1)
+      self.ring_CxD = _write(
+          self.ring_CxD, jnp.zeros((b, n, d), dtype, device=self.device),
+          jnp.zeros((b, d), dtype, device=self.device), np.zeros(k, np.int32),
+          np.zeros(k, np.int32), np.full(k, self.cfg.max_tokens, np.int32))
+
+  def hidden(self, seg: Segment) -> np.ndarray:
+    """A segment's hidden states `[L, D]` on the host (for inspection)."""
+    return np.asarray(_gather(self.ring_CxD, self._rows(seg)[None], self.dtype))[0]
 
   def weights(self) -> np.ndarray:
     """Sampling probabilities of the stored segments (length and recency)."""
@@ -106,20 +190,23 @@ class DataBuffer:
   def segments(self) -> list[Segment]:
     return list(self._segments)
 
-
-def pack_segments(segs: list[Segment], seq_len: int, pad_id: int
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Tokens `[B, L]`, hidden states `[B, L, D]` and a validity mask `[B, L]`; segments longer
-  than `seq_len` contribute a random window (so the tail's late positions are trained too)."""
-  d = segs[0].hidden_LxD.shape[1]
-  toks = np.full((len(segs), seq_len), pad_id, np.int32)
-  hidden = np.zeros((len(segs), seq_len, d), segs[0].hidden_LxD.dtype)
-  mask = np.zeros((len(segs), seq_len), np.float32)
-  rng = np.random.default_rng(sum(s.length for s in segs))
-  for i, s in enumerate(segs):
-    start = int(rng.integers(0, s.length - seq_len + 1)) if s.length > seq_len else 0
-    n = min(s.length, seq_len)
-    toks[i, :n] = s.tokens_L[start: start + n]
-    hidden[i, :n] = s.hidden_LxD[start: start + n]
-    mask[i, :n] = 1.0
-  return toks, hidden, mask
+  def pack(self, segs: list[Segment], seq_len: int, pad_id: int, rows: int | None = None,
+           dtype=None) -> tuple[np.ndarray, jax.Array, np.ndarray]:
+    """Tokens `[B, L]` (host), hidden states `[B, L, D]` (on the buffer's device, in `dtype`,
+    default the buffer's) and a validity mask `[B, L]` (host) of `segs`, padded to `rows`
+    rows; segments longer than `seq_len` contribute a random window (so the tail's late
+    positions are trained too)."""
+    rows = len(segs) if rows is None else rows
+    toks = np.full((rows, seq_len), pad_id, np.int32)
+    idx = np.full((rows, seq_len), self.cfg.max_tokens, np.int32)  # past the ring: zeros
+    mask = np.zeros((rows, seq_len), np.float32)
+    rng = np.random.default_rng(sum(s.length for s in segs))
+    for i, s in enumerate(segs):
+      start = int(rng.integers(0, s.length - seq_len + 1)) if s.length > seq_len else 0
+      n = min(s.length, seq_len)
+      toks[i, :n] = s.tokens_L[start: start + n]
+      idx[i, :n] = self._rows(s, start, n)
+      mask[i, :n] = 1.0
+    hidden = _gather(self.ring_CxD, jax.device_put(idx, self.device),
+                     jnp.dtype(dtype or self.dtype))
+    return toks, hidden, mask

@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tlt_jax.drafter.buffer import Segment, pack_segments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +52,9 @@ def teacher_forced_hits(drafter, target, toks_BxL, hidden_BxLxD, mask_BxL):
 class DrafterPublisher:
   """Checks candidates and installs accepted ones in the engine with increasing versions."""
 
-  def __init__(self, engine, cfg: PublishConfig, pad_id: int):
-    self.engine, self.cfg, self.pad_id = engine, cfg, pad_id
+  def __init__(self, engine, cfg: PublishConfig):
+    self.engine, self.cfg = engine, cfg
     self.events: list[dict] = []
-    self._rows = 0  # the segment count the check was built for (`warm_up`)
     graphdef = engine.dgraphdef
     tgraphdef = engine.graphdef
 
@@ -71,16 +69,10 @@ class DrafterPublisher:
     """The drafter version in use: the engine's weight store keeps the one counter."""
     return self.engine.weights.drafter_version
 
-  def accept_len(self, dparams, target_params, sample: list[Segment]) -> float:
-    """Estimated accepted length of drafter `dparams` on held-back segments."""
-    toks, hidden, mask = pack_segments(sample, self.cfg.seq_len, self.pad_id)
-    pad = max(0, self._rows - len(toks))  # a short sample fills the warmed-up shape (masked)
-    if pad:
-      rows = lambda x, v=0: np.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1), constant_values=v)
-      toks, hidden, mask = rows(toks, self.pad_id), rows(hidden), rows(mask)
-    return self._accept_len(dparams, target_params, toks, hidden, mask)
-
-  def _accept_len(self, dparams, target_params, toks, hidden, mask) -> float:
+  def accept_len(self, dparams, target_params, batch) -> float:
+    """Estimated accepted length of drafter `dparams` on a packed batch of held-back segments
+    (`DataBuffer.pack`: tokens, hidden states, mask)."""
+    toks, hidden, mask = batch
     put = lambda t: jax.device_put(t, self.engine.devices[0])  # wherever they were trained
     h, v = self._hits(put(dparams), put(target_params), toks, hidden, mask)
     return chain_accept_len(np.asarray(h), np.asarray(v), self.cfg.depth)
@@ -89,26 +81,23 @@ class DrafterPublisher:
   def finite(params) -> bool:
     return all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params))
 
-  def warm_up(self, dparams, target_params, rows: int, d_model: int) -> None:
-    """Builds the check's programs for `rows` held-back segments by running it on zeros;
-    a later check on fewer segments is padded to `rows`."""
-    self._rows = rows
-    toks = np.full((rows, self.cfg.seq_len), self.pad_id, np.int32)
-    hidden = np.zeros((rows, self.cfg.seq_len, d_model), np.float32)
-    self._accept_len(dparams, target_params, toks, hidden, np.zeros(toks.shape, np.float32))
+  def warm_up(self, dparams, target_params, batch) -> None:
+    """Builds the check's programs by running it on `batch` (an empty packed batch of the
+    shape the checks will have)."""
+    self.accept_len(dparams, target_params, batch)
 
-  def publish(self, candidate, target_params, sample: list[Segment], current=None,
-              agree=None) -> bool:
-    """Installs `candidate` (drafter params) if it passes the checks; returns whether it did.
-    `agree` turns this process's decision into the one all processes apply (process 0's)."""
+  def publish(self, candidate, target_params, batch, current=None, agree=None) -> bool:
+    """Installs `candidate` (drafter params) if it passes the checks on `batch` (packed
+    held-back segments; None: there are none); returns whether it did. `agree` turns this
+    process's decision into the one all processes apply (process 0's)."""
     event = {"candidate_version": self.version + 1}
-    if not sample:
+    if batch is None:
       event.update(accepted=False, reason="no held-back segment to check it on")
     elif not self.finite(candidate):
       event.update(accepted=False, reason="non-finite weights")
     else:
-      new = self.accept_len(candidate, target_params, sample)
-      old = self.accept_len(current, target_params, sample) if current is not None else 0.0
+      new = self.accept_len(candidate, target_params, batch)
+      old = self.accept_len(current, target_params, batch) if current is not None else 0.0
       event.update(accept_len=round(new, 4), in_use_accept_len=round(old, 4))
       if new < self.cfg.min_ratio * old or new <= 1.0:
         event.update(accepted=False, reason=f"accepted length {new:.2f} collapsed (in use: "

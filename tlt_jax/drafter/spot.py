@@ -20,11 +20,10 @@ import threading
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from tlt_jax import distributed
-from tlt_jax.drafter.buffer import DataBuffer, pack_segments
+from tlt_jax.drafter.buffer import DataBuffer
 from tlt_jax.drafter.train import DrafterTrainer
 
 
@@ -84,10 +83,12 @@ class SpotTrainer:
 
   def batch(self, step: int, index: int = 0):
     """The batch of drafter step `step` in the `index`-th window open at once (0: the one
-    `train_steps` and `train_for` take too)."""
+    `train_steps` and `train_for` take too): tokens and mask on the host, hidden states in the
+    drafter's feature dtype on the buffer's device."""
     rng = np.random.default_rng([self.cfg.seed, step] + ([index] if index else []))
     segs = self.buffer.sample(self.cfg.batch_rows, rng)
-    return pack_segments(segs, self.cfg.seq_len, self.pad_id)
+    return self.buffer.pack(segs, self.cfg.seq_len, self.pad_id,
+                            dtype=self.trainer.feature_dtype)
 
   def _one_step(self, device) -> None:
     t = self.trainer
@@ -100,21 +101,23 @@ class SpotTrainer:
     toks, hidden, mask = self.batch(w.base + w.steps, w.index)
     put = lambda x: jax.device_put(x, w.device)
     start = time.perf_counter()
-    hidden_d = put(jnp.asarray(hidden, self.trainer.feature_dtype))
+    hidden_d = put(hidden)
     w.params, w.opt_state, m = self.trainer.update_fn(
         w.params, w.opt_state, w.target_params, put(toks), hidden_d, hidden_d, put(mask))
     w.steps += 1
     self.log.append(StepRecord(w.device.id, start, time.perf_counter(), float(m["loss"]),
                                float(m["top1_agreement"])))
 
-  def warm_up(self, device, d_model: int) -> None:
-    """Builds the programs of a spot-training step on `device` by running one on zeros and
-    discarding its result (the drafter, its optimizer state and step count are unchanged)."""
+  def warm_up(self, device) -> None:
+    """Builds the programs of a spot-training step on `device` by running one on an empty
+    batch and discarding its result (the drafter, its optimizer state and step count are
+    unchanged)."""
     t, put = self.trainer, lambda x: jax.device_put(x, device)
-    toks = np.full((self.cfg.batch_rows, self.cfg.seq_len), self.pad_id, np.int32)
-    hidden = put(jnp.asarray(np.zeros(toks.shape + (d_model,), np.float32), t.feature_dtype))
+    toks, hidden, mask = self.buffer.pack([], self.cfg.seq_len, self.pad_id,
+                                          rows=self.cfg.batch_rows, dtype=t.feature_dtype)
+    hidden = put(hidden)
     out = t.update_fn(put(t.params), put(t.opt_state), put(t.target_params), put(toks), hidden,
-                      hidden, put(np.zeros(toks.shape, np.float32)))
+                      hidden, put(mask))
     jax.block_until_ready(out)
 
   def train_steps(self, n: int, device=None) -> int:

@@ -243,7 +243,7 @@ class Trainer:
                                     self.group_size)  # as a step converts its rewards
     self._key(0)
     if ad is not None:
-      ad.warm_up(self.policy)
+      ad.warm_up(self.policy, self.w.params.max_new_tokens)
     return {"warmup_s": round(time.perf_counter() - start, 3), "warmup_programs": built.events}
 
   def train_step(self) -> tuple[dict, dict]:

@@ -33,6 +33,7 @@ from tlt_jax.models.precision import DTYPES
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.sharding import TP, check_tp
 from tlt_jax.rollout import compiles
+from tlt_jax.rollout.captured import CapturedHidden
 from tlt_jax.rollout.plain import pad_prompts
 from tlt_jax.rollout.pool import ExecutablePool, configure_compilation_cache
 from tlt_jax.rollout.scheduler import Results, ShardRun, next_ready
@@ -110,14 +111,14 @@ class EngineConfig:
 @dataclasses.dataclass
 class RolloutResult:
   """Per row (ordered by sample id): responses `[R, N]` padded after their end, log-probs of the
-  processed distribution, lengths, stop reasons ('stop' | 'length'), optional hidden states."""
+  processed distribution, lengths, stop reasons ('stop' | 'length'), and, when captured, the
+  hidden states, still on the devices that decoded them."""
 
   tokens: np.ndarray
   logprobs: np.ndarray
   lengths: np.ndarray
   stop_reasons: list[str]
-  hidden: np.ndarray | None
-  prompt_hidden: np.ndarray | None
+  hidden: CapturedHidden | None
   timeline: Timeline
 
   def response(self, i: int) -> list[int]:
@@ -422,8 +423,8 @@ class RolloutEngine:
     if self.spec is not None:
       timeline.spec = self.spec.summary()
     reasons = ["stop" if s else "length" for s in out.stopped_R]
-    return RolloutResult(out.tokens_RxN, out.logprobs_RxN, out.lengths_R, reasons,
-                         out.hidden_RxNxD, out.prompt_hidden_RxD, timeline)
+    return RolloutResult(out.tokens_RxN, out.logprobs_RxN, out.lengths_R, reasons, out.hidden,
+                         timeline)
 
   def _start_wave(self, call: _Call, s: int) -> ShardRun:
     """Prefills shard `s`'s next wave (the G samples of a prompt share one prompt forward)."""
@@ -491,13 +492,13 @@ class RolloutEngine:
     run.t, run.ss = t_now, ss_now
     finished = np.flatnonzero(done & (run.slots >= 0))
     if len(live_slots) == 0:
-      call.out.harvest(run.state, finished, run.slots[finished])
+      call.out.harvest(run.state, finished, run.slots[finished], last=True)
       kvc.check_overflow(run.state.cache)
       return self._start_wave(call, s) if call.waves[s] else None
     new_b = bucket_for(len(live_slots), self.cfg.batch_buckets)
     if new_b < run.b:
       t0 = time.perf_counter()
-      call.out.harvest(run.state, finished, run.slots[finished])
+      call.out.harvest(run.state, finished, run.slots[finished], last=False)
       filler = np.flatnonzero(done)[0]  # a done slot: padding rows must stay done
       # One bucket down at a time (programs only for adjacent buckets): the first gather puts
       # the live rows first, each later one keeps the leading rows.

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tlt_jax.rollout.captured import CapturedHidden
 from tlt_jax.rollout.state import DecodeState
 
 _POLL_S = 1e-4
@@ -48,8 +49,8 @@ def next_ready(runs: dict[int, ShardRun]) -> int:
 
 class Results:
   """Host buffers for a call's `R` rows of up to `N` new tokens, filled as shards finish rows;
-  captured hidden states (`hidden`) in `hidden_dtype`, the model's compute dtype (bf16 halves
-  their transfer and the drafter buffer's memory)."""
+  captured hidden states (`hidden`) stay on the devices, in `hidden_dtype` (the model's compute
+  dtype), until the drafter reads them."""
 
   def __init__(self, rows: int, n: int, d_model: int, pad_id: int, hidden: bool,
                hidden_dtype="float32"):
@@ -57,17 +58,16 @@ class Results:
     self.logprobs_RxN = np.zeros((rows, n), np.float32)
     self.lengths_R = np.zeros(rows, np.int32)
     self.stopped_R = np.zeros(rows, bool)
-    dtype = jnp.dtype(hidden_dtype)
-    self.hidden_RxNxD = np.zeros((rows, n, d_model), dtype) if hidden else None
-    self.prompt_hidden_RxD = np.zeros((rows, d_model), dtype) if hidden else None
+    self.hidden = (CapturedHidden(rows, n, d_model, jnp.dtype(hidden_dtype)) if hidden
+                   else None)
 
-  def harvest(self, st: DecodeState, slots: np.ndarray, rows: np.ndarray) -> None:
-    """Copies the given slots of a shard's state into their rows."""
+  def harvest(self, st: DecodeState, slots: np.ndarray, rows: np.ndarray, last: bool) -> None:
+    """Copies the given slots of a shard's state into their rows (`last`: the state is not
+    dispatched again)."""
     host = jax.device_get((st.tokens_BxN, st.logprobs_BxN, st.t_B, st.stopped_B))
     for slot, r in zip(slots, rows):
       self.tokens_RxN[r], self.logprobs_RxN[r] = host[0][slot], host[1][slot]
       self.lengths_R[r], self.stopped_R[r] = host[2][slot], host[3][slot]
-    if self.hidden_RxNxD is not None:
-      h, ph = jax.device_get((st.captured.hidden_BxNxD, st.captured.prompt_hidden_BxD))
-      for slot, r in zip(slots, rows):
-        self.hidden_RxNxD[r], self.prompt_hidden_RxD[r] = h[slot], ph[slot]
+    if self.hidden is not None:
+      self.hidden.harvest(st.captured.hidden_BxNxD, st.captured.prompt_hidden_BxD, slots, rows,
+                          last)

@@ -47,7 +47,7 @@ def generate_spread(engine: RolloutEngine, prompts: list, group_size: int, param
                                        [r == "stop" for r in local.stop_reasons]),
                                  len(prompts) * group_size)
   reasons = ["stop" if s else "length" for s in rows["stopped"]]
-  whole = RolloutResult(rows["tokens"], rows["logprobs"], rows["lengths"], reasons, None, None,
+  whole = RolloutResult(rows["tokens"], rows["logprobs"], rows["lengths"], reasons, None,
                         local.timeline)
   return Spread(whole, local, mine, time.perf_counter() - t0,
                 sum(v.nbytes for v in rows.values()))
