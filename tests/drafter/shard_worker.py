@@ -24,7 +24,7 @@ from tlt_jax.spec.strategy import SpecConfig
 def run(adaptive):
   w = workload()
   drafter = _trained_drafter(w.model, steps=20)[0]
-  tr = Trainer(w, LoopConfig(tempfile.mkdtemp(), steps=4, prompts_per_step=4, group_size=4),
+  tr = Trainer(w, LoopConfig(tempfile.mkdtemp(), steps=3, prompts_per_step=4, group_size=4),
                engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,), num_shards=2,
                                        batch_buckets=(2, 8), max_batch=8),
                learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),

@@ -12,8 +12,8 @@ from tlt_jax.drafter.model import DrafterConfig, drafter_cache, init_drafter
 from tlt_jax.drafter.proposer import EagleProposer, as_proposer
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer, teacher_batch
 from tlt_jax.drafter.warmup import draft_vocabulary, target_fingerprint
-from tlt_jax.models import commit
-from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.models import commit, init_model
+from tlt_jax.models.sampling import SamplingParams, gumbel_noise, processed_logprobs
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
@@ -77,13 +77,25 @@ def test_training_lowers_the_loss_and_raises_agreement():
   assert last["top1_agreement"] > first["top1_agreement"] + 0.2
 
 
+_PLAIN = {}  # plain decoding's reference rollouts, by everything that decides them
+
+
 def _run(model, params, prompts, g, spec=None, drafter=None, key=0, follow="lazy",
          buckets=(4, 16)):
+  """A rollout (and its engine); plain ones (no `spec`) are made once per test process, since
+  many tests compare against the same reference."""
+  ref = (target_fingerprint(model), model.cfg, params, tuple(map(tuple, prompts)), g, key, follow,
+         buckets)
+  if spec is None and ref in _PLAIN:
+    return _PLAIN[ref]
   eng = RolloutEngine(model, EngineConfig(batch_buckets=buckets, max_batch=16,
                                           steps_per_dispatch=3, precompile=False,
                                           drafter_follow=follow),
                       spec=spec, drafter=as_proposer(drafter))
-  return eng.generate(prompts, g, params, jax.random.key(key), capture_hidden=True), eng
+  out = eng.generate(prompts, g, params, jax.random.key(key), capture_hidden=True), eng
+  if spec is None:
+    _PLAIN[ref] = out
+  return out
 
 
 @pytest.mark.parametrize("trained,layers,arms", [
@@ -105,22 +117,65 @@ def test_eagle_greedy_equals_plain_greedy(trained, layers, arms):
     assert eng.spec.accept_len() > 1.1
 
 
+def successor_model(dtype="float32"):
+  """A random untied model whose head, besides a random part of equal norm, scores the successor
+  of the current token under a fixed permutation: its top-2 logit gaps are wide, so bfloat16's
+  rounding seldom decides a token, and its continuations are easy to draft."""
+  m = init_model(small_config(tie_embeddings=False, dtype=dtype), seed=0)
+  emb_VxD = np.asarray(m.embed.embedding[...], np.float32)
+  successor_DxV = np.zeros(emb_VxD.shape[::-1], np.float32)
+  successor_DxV[:, np.random.default_rng(0).permutation(len(emb_VxD))] = (
+      emb_VxD / np.linalg.norm(emb_VxD, axis=1, keepdims=True)).T
+  random_DxV = np.asarray(m.lm_head.kernel[...], np.float32)
+  m.lm_head.kernel[...] = jnp.asarray(
+      3.0 * (successor_DxV + random_DxV / np.linalg.norm(random_DxV, axis=0, keepdims=True)))
+  return m
+
+
+def _path_margins(model, prompts, g, res, params, key):
+  """Per row of `res` (a plain rollout): the smallest margin by which a token won along the row
+  (top-2 gap of the log-probs, plus the row's Gumbel noise when sampling), and the largest
+  difference between its recorded log-probs and those of one full forward pass over it (the
+  rounding noise between a decode step and a many-token pass)."""
+  rows = len(prompts) * g
+  seqs = [prompts[i // g] + res.response(i) for i in range(rows)]
+  toks_RxL = np.zeros((rows, max(map(len, seqs))), np.int32)
+  for i, s in enumerate(seqs):
+    toks_RxL[i, :len(s)] = s
+  logits_RxLxV = model(jnp.asarray(toks_RxL)).logits_BxTxV
+  margin_R, noise_R = np.zeros(rows), np.zeros(rows)
+  for i in range(rows):
+    p, r = len(prompts[i // g]), np.array(res.response(i))
+    logp_NxV = np.asarray(processed_logprobs(logits_RxLxV[i, p - 1:p - 1 + len(r)], params))
+    noise_R[i] = np.abs(logp_NxV[np.arange(len(r)), r] - res.logprobs[i, :len(r)]).max()
+    if not params.greedy:
+      logp_NxV = logp_NxV + np.asarray(gumbel_noise(
+          jax.random.key(key), jnp.full(len(r), i), jnp.arange(len(r)), logp_NxV.shape[-1]))
+    top2_Nx2 = np.sort(np.where(np.isfinite(logp_NxV), logp_NxV, -1e9), axis=-1)[:, -2:]
+    margin_R[i] = (top2_Nx2[:, 1] - top2_Nx2[:, 0]).min()
+  return margin_R, noise_R
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_bf16_speculative_decoding_equals_bf16_plain_decoding(temperature):
-  """bfloat16 compute and cache (float32 weights, float32 logits): a verify pass of T tokens and
-  a decode step of 1 need not round alike, but on a model whose top-2 logit gaps exceed bf16's
-  reduction-order noise (the peaked one) the tokens are the same, greedy and `coupled`."""
-  target = peaked_model(scale=8.0, dtype="bfloat16")
+  """bfloat16 compute and cache (float32 weights, float32 logits). A verify pass of T tokens and
+  a decode step of 1 need not round alike, so a token is the same wherever it won by more than
+  that noise: the claim is checked on every row whose tokens all won by over 4x the noise
+  measured between plain decoding and a full pass (on the successor model, nearly all rows)."""
+  target = successor_model("bfloat16")
   assert target(jnp.zeros((1, 2), jnp.int32)).logits_BxTxV.dtype == jnp.float32
-  drafter = _trained_drafter(peaked_model(scale=8.0))[0]
+  drafter = _trained_drafter(successor_model())[0]
   params = SamplingParams(temperature=temperature, max_new_tokens=24, stop_tokens=STOPS)
   prompts = _prompts(8, seed=5)
   plain, _ = _run(target, params, prompts, 2, key=3, buckets=(4, 8, 16))
   sd, eng = _run(target, params, prompts, 2,
                  SpecConfig(threshold=16, rule="coupled", arms=(EAGLE[0], TREE[0]),
                             min_accept_len=0.0), drafter, key=3, buckets=(4, 8, 16))
-  np.testing.assert_array_equal(sd.tokens, plain.tokens)
-  np.testing.assert_allclose(sd.logprobs, plain.logprobs, atol=2e-2)
+  margin_R, noise_R = _path_margins(target, prompts, 2, plain, params, key=3)
+  safe_R = margin_R > 4 * noise_R.max()
+  assert safe_R.mean() >= 0.75, (margin_R, noise_R.max())
+  np.testing.assert_array_equal(sd.tokens[safe_R], plain.tokens[safe_R])
+  np.testing.assert_allclose(sd.logprobs[safe_R], plain.logprobs[safe_R], atol=2e-2)
   assert eng.spec.accept_len() > 1.1
 
 
@@ -195,12 +250,12 @@ def test_a_restricted_draft_vocabulary_stays_exact(arms):
   prompts = _prompts(6, seed=2)
   for params in (SamplingParams(temperature=0.0, max_new_tokens=24, stop_tokens=STOPS),
                  SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=24, stop_tokens=STOPS)):
-    plain, _ = _run(target, params, prompts, 2, key=11)
-    # Two batch buckets: the 12 rows speculate from the first dispatch, with a third of the
-    # programs of the full bucket set (the claim does not depend on the buckets).
+    # One batch bucket: the 12 rows speculate from the first dispatch, with the fewest
+    # programs (the claim does not depend on the buckets; compaction is tested elsewhere).
+    plain, _ = _run(target, params, prompts, 2, key=11, buckets=(16,))
     sd, eng = _run(target, params, prompts, 2,
                    SpecConfig(threshold=12, rule="coupled", arms=arms, min_accept_len=0.0),
-                   drafter, key=11, buckets=(4, 16))
+                   drafter, key=11, buckets=(16,))
     np.testing.assert_array_equal(sd.tokens, plain.tokens)
     assert eng.spec.accept_len() > 1.1
 
