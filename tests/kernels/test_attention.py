@@ -63,7 +63,6 @@ def test_the_tiling_covers_every_slot_in_whole_tiles():
 
 def test_an_unknown_or_unsupported_implementation_is_one_line():
   assert resolve_impl("auto", "cpu") == "xla" and resolve_impl("auto", "gpu") == "pallas"
-  assert resolve_impl("auto", "gpu", tp=2) == "xla"  # the kernel is not mapped over kv shards
   with pytest.raises(ValueError, match="Unknown attention implementation 'flash'"):
     resolve_impl("flash", "cpu")
   with pytest.raises(ValueError, match="targets GPUs"):

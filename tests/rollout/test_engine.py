@@ -161,9 +161,13 @@ def test_shards_and_mesh_weights_in_a_2_device_subprocess():
 
 def test_a_tensor_parallel_shard_gives_the_tokens_of_one_device():
   """A shard of tp = 2 devices (heads, MLP and KV cache split over them) decodes the tokens one
-  device does, plainly and speculatively (2 fake devices, a subprocess)."""
+  device does, plainly and speculatively, through the xla and the pallas attention paths
+  (2 fake devices, a subprocess)."""
   out = run_on_fake_devices("tests.rollout.tp_worker")
-  assert out["plain_equal"] and out["suffix_equal"]
+  assert out["plain_equal"] and out["suffix_equal"] and out["pallas_equal"]
+  # Lowered for a GPU, the decode program's kernel (one call, as the model's layers share it)
+  # takes 1 of the model's 2 kv heads: each device reads its own half of the cache.
+  assert out["gpu_kernel_calls"] >= 1 and out["gpu_kernel_kv_heads"] == [1]
   # Summing a layer's output over two devices reorders float additions: log-probs move by
   # rounding only.
   assert max(out["plain_logprob_diff"], out["suffix_logprob_diff"]) < 1e-4

@@ -1,7 +1,8 @@
-"""Run by test_engine with 2 fake CPU devices: a rollout on one tensor-parallel shard (tp = 2)
-against the same rollout on one device."""
+"""Run by test_engine with 2 fake CPU devices: a rollout on one tensor-parallel shard (tp = 2),
+through either attention path, against the same rollout on one device."""
 
 import json
+import re
 
 import jax
 import numpy as np
@@ -29,6 +30,18 @@ def main():
     b = tp.generate(prompts, 2, greedy, jax.random.key(0))
     out[f"{name}_equal"] = bool(np.array_equal(a.tokens, b.tokens))
     out[f"{name}_logprob_diff"] = float(np.abs(a.logprobs - b.logprobs).max())
+  # The Pallas attention path: each device's kernel reads its own kv heads of the split cache.
+  pallas = RolloutEngine(model, EngineConfig(num_shards=1, tp=2, attention="pallas", **cfg),
+                         spec=spec)
+  out["pallas_equal"] = bool(np.array_equal(
+      a.tokens, pallas.generate(prompts, 2, greedy, jax.random.key(0)).tokens))
+  key = next(k for k in pallas.pool.keys() if k[0] == "decode")
+  fn, args, _ = pallas._in_mesh(0, pallas._decode_exe(*key[1:])[1])()
+  text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  calls = [line for line in text.splitlines() if "custom_call" in line and "triton" in line]
+  out["gpu_kernel_calls"] = len(calls)
+  out["gpu_kernel_kv_heads"] = sorted({int(re.search(r"\(tensor<\d+x(\d+)x", c).group(1))
+                                       for c in calls})
   weights, _ = tp.weights.shard(0)
   out["kernels_split"] = sum(not x.sharding.is_fully_replicated and len(x.sharding.device_set) == 2
                              for x in jax.tree.leaves(weights))

@@ -8,7 +8,9 @@ other, by one of two implementations that give the same result.
 - `pallas`: the prefix by a split-K kernel that reads each row only up to its length
   (`prefix_pallas.py`), the new tokens' small T x T segment (causal, or a tree) by XLA, both
   merged by log-sum-exp. Keys and values are cached `[B, K, S, H]`; the kernel is written for the
-  GPU's Triton backend and runs interpreted on CPU (tests, parity).
+  GPU's Triton backend and runs interpreted on CPU (tests, parity). Traced under a mesh (a
+  rollout shard of tp devices, whose cache is split over kv heads), each device runs it on its
+  own kv heads.
 
 `default_impl` picks per backend: `pallas` on GPU, `xla` elsewhere. On TPU the `pallas` path is
 refused: JAX's ragged paged-attention kernel for TPU takes a paged cache (pages and a page table
@@ -23,6 +25,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from tlt_jax.kernels.prefix_pallas import MIN_TILE, NEG, prefix_attention
 
@@ -36,13 +39,12 @@ def default_impl(backend: str | None = None) -> str:
   return "pallas" if (backend or jax.default_backend()) == "gpu" else "xla"
 
 
-def resolve_impl(name: str, backend: str | None = None, tp: int = 1) -> str:
-  """"auto", "xla" or "pallas" to the implementation to run on `backend` with the cache's kv
-  heads split over `tp` devices, or a one-line error. "auto" takes xla when tp > 1: the kernel's
-  call is not yet mapped over the kv-head shards, so XLA would gather the cache for it."""
+def resolve_impl(name: str, backend: str | None = None) -> str:
+  """"auto", "xla" or "pallas" to the implementation to run on `backend`, or a one-line
+  error."""
   backend = backend or jax.default_backend()
   if name == "auto":
-    return default_impl(backend) if tp == 1 else "xla"
+    return default_impl(backend)
   if name not in IMPLS:
     raise ValueError(f"Unknown attention implementation {name!r}; use 'auto', 'xla' or 'pallas'.")
   if name == "pallas" and backend == "tpu":
@@ -134,17 +136,36 @@ def _xla(q_BxTxNxH, segments) -> jax.Array:
   return _unrows(out_BxKxRxH, t)
 
 
+def _prefix_kernel(q_BxKxRxH, k_BxKxSxH, v_BxKxSxH, lengths_B):
+  # Chosen when the program is lowered, so a program lowered for a GPU elsewhere runs the kernel.
+  return jax.lax.platform_dependent(
+      q_BxKxRxH, k_BxKxSxH, v_BxKxSxH, lengths_B,
+      cuda=functools.partial(prefix_attention, interpret=False),
+      rocm=functools.partial(prefix_attention, interpret=False),
+      default=functools.partial(prefix_attention, interpret=True))
+
+
+def _over_kv_head_shards(kernel, kv_heads: int):
+  """`kernel` run by each device of the mesh a program is traced under on its own kv heads
+  (`[B, K, ...]` split over all the mesh's axes), as a tensor-parallel rollout shard holds its
+  cache; the kernel is per (row, kv head), so nothing is exchanged. Without such a mesh, or with
+  kv heads it cannot split evenly, the kernel as it is (the compiler would then gather its
+  inputs: a custom call cannot be partitioned)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1 or kv_heads % mesh.size:
+    return kernel
+  heads = PartitionSpec(None, mesh.axis_names)
+  return jax.shard_map(kernel, mesh=mesh, in_specs=(heads, heads, heads, PartitionSpec()),
+                       out_specs=(heads, heads, heads), check_vma=False)
+
+
 def _pallas(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, mask_BxTxT, prefix: Prefix) -> jax.Array:
   """The prefix by the kernel, the new tokens by XLA, merged by log-sum-exp."""
   t, n, h = q_BxTxNxH.shape[1:]
   kh = k_BxTxKxH.shape[2]
   q_BxKxRxH = _rows(q_BxTxNxH, kh)
-  # Chosen when the program is lowered, so a program lowered for a GPU elsewhere runs the kernel.
-  o_BxKxJxRxH, l_BxKxJxR, m_BxKxJxR = jax.lax.platform_dependent(
-      q_BxKxRxH, prefix.k, prefix.v_BxKxSxH, prefix.lengths_B,
-      cuda=functools.partial(prefix_attention, interpret=False),
-      rocm=functools.partial(prefix_attention, interpret=False),
-      default=functools.partial(prefix_attention, interpret=True))
+  o_BxKxJxRxH, l_BxKxJxR, m_BxKxJxR = _over_kv_head_shards(_prefix_kernel, kh)(
+      q_BxKxRxH, prefix.k, prefix.v_BxKxSxH, prefix.lengths_B)
   s_BxKxRxT = jnp.einsum("bkrh,btkh->bkrt", q_BxKxRxH, k_BxTxKxH,
                          preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(h))
   mask_BxRxT = jnp.tile(mask_BxTxT, (1, n // kh, 1))

@@ -75,8 +75,9 @@ class EngineConfig:
   # not captured, always follow eagerly).
   drafter_follow: str = "lazy"
   # Attention over the KV cache (`kernels.attention`): "xla", "pallas" (a Pallas kernel that
-  # reads each row's cache only up to its length; interpreted on CPU) or "auto" (pallas on GPU,
-  # xla elsewhere, and with tp > 1). Both give the same tokens; the cache's layout follows it.
+  # reads each row's cache only up to its length, each tp device its own kv heads; interpreted
+  # on CPU) or "auto" (pallas on GPU, xla elsewhere). Both give the same tokens; the cache's
+  # layout follows it.
   attention: str = "auto"
   # The policy's KV cache dtype (`models/precision.py`); empty: the model's compute dtype. The
   # draft model's one-layer cache is always in the compute dtype.
@@ -169,7 +170,7 @@ class RolloutEngine:
     self.meshes = shard_meshes(devices if devices is not None else jax.local_devices(),
                                config.num_shards, config.tp)
     self.devices = [m.devices.flat[0] for m in self.meshes]  # where a shard's host work goes
-    self.attention = resolve_impl(config.attention, self.devices[0].platform, config.tp)
+    self.attention = resolve_impl(config.attention, self.devices[0].platform)
     self.cache_dtype = config.cache_dtype or model.cfg.dtype
     configure_compilation_cache(config.compile_cache_dir)
     self.graphdef, state = nnx.split(model)
@@ -331,7 +332,23 @@ class RolloutEngine:
 
   def _get(self, key_build):
     key, build = key_build
-    return self.pool.get(key, build, twins=self._twins(key))
+    return self.pool.get(key, self._in_mesh(key[1], build), twins=self._twins(key))
+
+  def _in_mesh(self, shard: int, build):
+    """`build` whose program is traced under shard `shard`'s mesh when it spans tp devices, so
+    that the attention kernel runs on each device's own kv heads (`kernels.attention`)."""
+    if self.cfg.tp == 1:
+      return build
+    mesh = self.meshes[shard].abstract_mesh
+
+    def in_mesh():
+      fn, args, donate = build()
+
+      def traced(*a):
+        with jax.sharding.use_abstract_mesh(mesh):
+          return fn(*a)
+      return traced, args, donate
+    return in_mesh
 
   # ------------------------------------------------------------------ generate
 
