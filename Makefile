@@ -6,7 +6,7 @@ export PYTHONUNBUFFERED := 1
 # Test workers (pytest-xdist): most tests compile or dispatch on one core, so two share the machine.
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow install smollm2 warmstart clean-cache bench-gpu
+.PHONY: demo test test-slow install smollm2 warmstart clean-cache bench-gpu wheels
 
 $(VENV)/.base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ bench-gpu:
 	$(MAKE) $(VENV)/.base
 	$(PY) -m pip install -q -e ".[gpu]"
 	$(PY) -m experiments.bench_gpu --config=experiments/configs/bench_gpu.py
+
+# The wheels of the project's pure-Python dependencies, as installed in .venv, into wheels/: copy
+# the checkout with them to a GPU box without a network, where experiments.bench_gpu installs
+# what the box's Python lacks from there.
+wheels: $(VENV)/.base
+	$(PY) -m experiments.wheels
 
 clean-cache:
 	rm -rf .cache

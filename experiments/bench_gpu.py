@@ -2,7 +2,9 @@
 SmolLM2-135M's and Qwen2.5-1.5B's shapes in bf16 with the Pallas attention path, and SD
 acceptance on the real SmolLM2 where it and its drafter are present. Writes one JSON per
 benchmark and `bench_gpu.md` (a table for docs/BENCHMARKS.md) to `out_dir`; the last line is one
-JSON object. Without a GPU it stops at once with a message.
+JSON object. Without a GPU it stops at once with a message. Where the box has jax but not the rest
+(a CUDA container without a network), it first installs what is missing from wheels/, which
+`make wheels` fills on a machine with a network.
 
   python -m experiments.bench_gpu --config=experiments/configs/bench_gpu.py
 """
@@ -11,14 +13,20 @@ import json
 import os
 import time
 
-import jax
-from ml_collections import config_flags
+from experiments import wheels
 
-from experiments import launch
-from experiments.benchmarks import gpu
-from tlt_jax.drafter.warmup import load_drafter
-from tlt_jax.errors import ConfigError
-from tlt_jax.workloads import build_workload, workload_config
+# In a CUDA container without a network, what the box lacks of the project's pure-Python
+# dependencies comes from wheels/ (`make wheels`), before the imports below need it.
+wheels.ensure(command="python -m experiments.bench_gpu")
+
+import jax  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from experiments import launch  # noqa: E402
+from experiments.benchmarks import gpu  # noqa: E402
+from tlt_jax.drafter.warmup import load_drafter  # noqa: E402
+from tlt_jax.errors import ConfigError  # noqa: E402
+from tlt_jax.workloads import build_workload, workload_config  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_gpu.py")
 
