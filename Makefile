@@ -6,7 +6,7 @@ export PYTHONUNBUFFERED := 1
 # Test workers (pytest-xdist): most tests compile or dispatch on one core, so two share the machine.
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow install smollm2 warmstart clean-cache bench-gpu wheels
+.PHONY: demo test test-slow test-gpu install smollm2 warmstart clean-cache bench-gpu wheels
 
 $(VENV)/.base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,25 +32,29 @@ demo: $(VENV)/.base
 	$(PY) -m experiments.demo --config=experiments/configs/demo.py
 
 test: $(VENV)/.test $(VENV)/.smollm2
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow" --durations=25
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not gpu" --durations=25
 
 test-slow: $(VENV)/.test $(VENV)/.smollm2
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m slow --durations=25
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "slow and not gpu" --durations=25
 
-# Retrains the `tiny` warm start shipped in tlt_jax/assets/tiny_warmstart, then the demo's drafter
-# for it (tlt_jax/assets/drafters; minutes; not run by CI).
-warmstart: $(VENV)/.base
-	$(PY) -m experiments.sft_warmstart --config=experiments/configs/sft_tiny.py --ship
-	$(PY) -m experiments.drafter_warmup --config=experiments/configs/demo.py:drafter --ship
-
-# On a GPU box with a network: the `gpu` extra (jax[cuda12], jax-triton) into .venv, then the GPU
-# benchmark (experiments/configs/bench_gpu.py; figures under runs/bench_gpu). Without an NVIDIA
-# GPU it stops before installing anything.
-bench-gpu:
-	@nvidia-smi -L >/dev/null 2>&1 || { echo "make bench-gpu needs an NVIDIA GPU and nvidia-smi \
+# On a GPU box with a network: the `gpu` extra (jax[cuda12], jax-triton, pytest) into .venv, then
+# the tests that execute the Pallas kernel and SD through it on the GPU (tests/kernels/test_gpu.py;
+# `-m gpu` selects them anywhere, and without a GPU they skip, saying why). Without an NVIDIA GPU
+# it stops before installing anything.
+NEED_GPU = @nvidia-smi -L >/dev/null 2>&1 || { echo "make $@ needs an NVIDIA GPU and nvidia-smi \
 	finds none; in a CUDA container without a network run python -m experiments.bench_gpu."; exit 2; }
+
+test-gpu:
+	$(NEED_GPU)
 	$(MAKE) $(VENV)/.base
 	$(PY) -m pip install -q -e ".[gpu]"
+	JAX_PLATFORMS=cuda $(PY) -m pytest -q -m gpu -rs tests/kernels/test_gpu.py
+
+# make test-gpu, then the GPU benchmark (experiments/configs/bench_gpu.py; figures under
+# runs/bench_gpu).
+bench-gpu:
+	$(NEED_GPU)
+	$(MAKE) test-gpu
 	$(PY) -m experiments.bench_gpu --config=experiments/configs/bench_gpu.py
 
 # The wheels of the project's pure-Python dependencies, as installed in .venv, into wheels/: copy

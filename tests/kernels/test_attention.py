@@ -104,13 +104,14 @@ def test_a_pallas_cache_decodes_and_commits_tree_paths_as_the_xla_cache_does():
   np.testing.assert_allclose(outs["pallas"], outs["xla"], atol=1e-5, rtol=0)
 
 
-def _generate(model, drafter, params, impl, key):
+def _generate(model, drafter, params, impl, key, spec=True):
+  """Rollouts of 4 prompts x 2 through `impl`, speculative (an EAGLE chain and a tree arm) or,
+  with `spec=False`, plain."""
+  sd = SpecConfig(threshold=8, rule="coupled", arms=(Strategy("eagle", depth=3), TREE[0]),
+                  min_accept_len=0.0)
   eng = RolloutEngine(model, EngineConfig(batch_buckets=(4, 8), max_batch=8, steps_per_dispatch=3,
                                           precompile=False, attention=impl),
-                      spec=SpecConfig(threshold=8, rule="coupled",
-                                      arms=(Strategy("eagle", depth=3), TREE[0]),
-                                      min_accept_len=0.0),
-                      drafter=as_proposer(drafter))
+                      spec=sd if spec else None, drafter=as_proposer(drafter) if spec else None)
   return eng.generate(_prompts(4, seed=5), 2, params, jax.random.key(key)), eng
 
 

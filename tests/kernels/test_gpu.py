@@ -1,0 +1,64 @@
+"""On a GPU: the Pallas kernel executed through Triton (not interpreted, not only lowered) equals
+the XLA path, and speculative decoding through it is lossless there. Marked `gpu`: `make test`
+deselects them, `make test-gpu` runs them (`JAX_PLATFORMS=cuda`), and where jax sees no GPU they
+skip with the reason, so selecting them on CPU passes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.drafter.test_drafter import STOPS, _trained_drafter
+from tests.kernels.test_attention import _case, _generate
+from tests.spec.test_spec_engine import peaked_model
+from tlt_jax.kernels.attention import Prefix, attention, to_cache_layout
+from tlt_jax.models.sampling import SamplingParams
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(jax.devices()[0].platform != "gpu",
+                                 reason=f"needs a GPU; jax sees {jax.devices()[0].platform}")]
+
+# Triton's float32 dots take TF32 inputs (10-bit mantissa) and XLA's may too, so the two paths
+# agree to ~1e-3 on these O(1) values; bf16 inputs to ~1e-2. A wrong mask, tile or merge moves
+# outputs by O(0.1-1).
+ATOL = {jnp.float32: 5e-3, jnp.bfloat16: 6e-2}
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("g", [1, 3, 8])
+@pytest.mark.parametrize("t,tree", [(1, False), (4, False), (8, False), (8, True)])
+def test_the_triton_kernel_equals_the_xla_path(dtype, g, t, tree):
+  q, k_new, v_new, k_cache, v_cache, lengths, mask = (
+      x.astype(dtype) if x.dtype == jnp.float32 else x
+      for x in _case(4, t, 2, g, 64, 512, tree, seed=g + t))
+  with jax.default_matmul_precision("highest"):
+    ref = attention(q, k_new, v_new, mask,
+                    Prefix(*to_cache_layout(k_cache, v_cache, "xla"), lengths, "xla"))
+  out = attention(q, k_new, v_new, mask,
+                  Prefix(*to_cache_layout(k_cache, v_cache, "pallas"), lengths, "pallas"))
+  err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))))
+  print(f"[gpu] {jnp.dtype(dtype).name} g={g} t={t} tree={tree}: max |pallas - xla| {err:.2e}")
+  assert err < ATOL[dtype]
+  # The slots past a row's length are never read: changing them changes nothing, bit for bit.
+  garbage = jnp.where(jnp.arange(512)[None, :, None, None] >= lengths[:, None, None, None],
+                      jnp.asarray(1e3, dtype), k_cache)
+  again = attention(q, k_new, v_new, mask,
+                    Prefix(*to_cache_layout(garbage, v_cache, "pallas"), lengths, "pallas"))
+  np.testing.assert_array_equal(np.asarray(again, np.float32), np.asarray(out, np.float32))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_speculative_decoding_through_the_triton_kernel_is_lossless(temperature):
+  """SD through the kernel equals plain decoding through the kernel (greedy, and `coupled` at
+  T = 1), and the XLA path's tokens: the peaked model's margins are far above TF32's noise."""
+  target = peaked_model(scale=8.0)
+  drafter = _trained_drafter(target)[0]
+  params = SamplingParams(temperature=temperature, max_new_tokens=16, stop_tokens=STOPS)
+  out, eng = _generate(target, drafter, params, "pallas", key=3)
+  plain, _ = _generate(target, drafter, params, "pallas", key=3, spec=False)
+  ref, _ = _generate(target, drafter, params, "xla", key=3)
+  assert eng.attention == "pallas"
+  np.testing.assert_array_equal(out.tokens, plain.tokens)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-3)
+  assert eng.spec.accept_len() > 1.1  # drafts were verified through the kernel
