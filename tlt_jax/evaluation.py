@@ -20,9 +20,13 @@ def task_lengths(task: arithmetic.TaskConfig) -> tuple[int, int]:
   return int(-(-prompt // 16) * 16), task.max_solution_chars() + 1
 
 
-def group_stats(rewards_NxG: np.ndarray, lengths: np.ndarray) -> dict:
-  """Accuracy, response-length percentiles and the fraction of groups with mixed rewards."""
-  mixed = (rewards_NxG.max(axis=1) > rewards_NxG.min(axis=1)).mean()
+def group_stats(rewards_NxG: np.ndarray, lengths: np.ndarray,
+                mixed_over_NxG: np.ndarray | None = None) -> dict:
+  """Accuracy (the mean of `rewards_NxG`), response-length percentiles and the fraction of
+  groups with mixed rewards (over `mixed_over_NxG` when given: e.g. shaped rewards beside 0/1
+  correctness)."""
+  by = rewards_NxG if mixed_over_NxG is None else mixed_over_NxG
+  mixed = (by.max(axis=1) > by.min(axis=1)).mean()
   return {
       "accuracy": float(rewards_NxG.mean()),
       "length_p50": float(np.percentile(lengths, 50)),

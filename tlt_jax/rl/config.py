@@ -25,7 +25,8 @@ from tlt_jax import sft
 from tlt_jax.distributed import DistributedConfig
 from tlt_jax.drafter.adaptive import AdaptiveConfig
 from tlt_jax.errors import ConfigError
-from tlt_jax.rl.learner import LEARNERS, Learner, learner_from_section
+from tlt_jax.rl.learner import Learner
+from tlt_jax.rl.learners import LEARNERS, learner_from_section
 from tlt_jax.rl.trainer import LoopConfig
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
@@ -107,7 +108,9 @@ def run_config(c: ml_collections.ConfigDict, other_keys=()) -> RunConfig:
   rl = check_keys(c.rl, "rl", ("learner", "optim", *LEARNERS))
   learner = learner_from_section(rl)
   optim = dict(rl.get("optim") or {})
-  optim["total_steps"] = optim.get("total_steps") or loop.steps  # 0: the run's steps
+  # 0: every optimizer step of the run (mini-batches x epochs per RL step)
+  optim["total_steps"] = (optim.get("total_steps")
+                          or loop.steps * loop.mini_batches * loop.update_epochs)
   optim = typed(OptimConfig, optim, "rl.optim")
   if not isinstance(num_prompts, int) or num_prompts < loop.prompts_per_step:
     raise ConfigError(f"config.train.num_prompts (the prompt pool) must be an integer >= "

@@ -16,9 +16,10 @@ import jax
 import jax.numpy as jnp
 
 from tlt_jax.models.sampling import SamplingParams, processed_logprobs
+from tlt_jax.rl.learner import Learner
 
 
-class GroupRelative:
+class GroupRelative(Learner):
   """What the GRPO-family learners share: advantages relative to the prompt's group, and
   non-negative clips and KL weight."""
 

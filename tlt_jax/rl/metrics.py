@@ -47,3 +47,21 @@ class RunWriter:
       self._tb.close()
     for f in self._files.values():
       f.close()
+
+
+def rollout_record(step: int, res) -> dict:
+  """The engine's dispatches of one rollout, compactly: the input of `rollout_anatomy.ipynb`."""
+  tl = res.timeline
+  events = [[e.shard, e.kind, round(e.start, 5), round(e.end, 5), e.bucket, e.live, e.live_after,
+             e.tokens] for e in tl.events]
+  return {"step": step, "wall_s": round(tl.wall_s, 5), "shard_idle_s": tl.summary()["shard_idle_s"],
+          "events": events, "spec": tl.spec}
+
+
+def tail_seconds(res, fraction: float = 0.25) -> float:
+  """Decode time while the live batch is at most `fraction` of the rollout's widest batch."""
+  dec = [e for e in res.timeline.events if e.kind != "prefill" and e.kind != "compact"]
+  if not dec:
+    return 0.0
+  widest = max(e.live for e in dec)
+  return float(sum(e.end - e.start for e in dec if e.live <= max(1, fraction * widest)))

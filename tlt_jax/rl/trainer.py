@@ -43,58 +43,29 @@ from tlt_jax.models.pretrained import save_pretrained
 from tlt_jax.models.sharding import make_mesh
 from tlt_jax.rl.hooks import Checkpoints, Evaluation, Export, Hook, StopSpotTraining
 from tlt_jax.rl.learner import Learner
-from tlt_jax.rl.metrics import RunWriter
-from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater
+from tlt_jax.rl.metrics import RunWriter, rollout_record, tail_seconds
+from tlt_jax.rl.samples import Samples, select_groups
+from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater, rollout_update
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.spread import Spread, generate_spread, warm_up_spread
 from tlt_jax.spec.strategy import SpecConfig
 
 _EVAL_KEY = 1_000_003  # folded into the run key for held-out evaluation: never a training key
+_UPDATE_ORDER = 1_000_033  # with (seed, step): the update's shuffle of a batch into mini-batches
 
 
 class TrainingError(RuntimeError):
   """The run stopped on a fault (e.g. a non-finite loss); the last good checkpoint is intact."""
 
 
-def pack_rows(prompts, responses, prompt_bucket: int, n: int, pad_id: int):
-  """Sequences `[R, P + N]` (prompt left-aligned, response right after it), prompt lengths,
-  response masks `[R, N]`."""
-  r = len(responses)
-  toks = np.full((r, prompt_bucket + n), pad_id, np.int32)
-  mask = np.zeros((r, n), np.float32)
-  plen = np.zeros(r, np.int32)
-  for i, (p, resp) in enumerate(zip(prompts, responses)):
-    toks[i, : len(p)] = p
-    toks[i, len(p): len(p) + len(resp)] = resp
-    mask[i, : len(resp)] = 1.0
-    plen[i] = len(p)
-  return toks, plen, mask
-
-
-def rollout_record(step: int, res) -> dict:
-  """The engine's dispatches of one rollout, compactly: the input of `rollout_anatomy.ipynb`."""
-  tl = res.timeline
-  events = [[e.shard, e.kind, round(e.start, 5), round(e.end, 5), e.bucket, e.live, e.live_after,
-             e.tokens] for e in tl.events]
-  return {"step": step, "wall_s": round(tl.wall_s, 5), "shard_idle_s": tl.summary()["shard_idle_s"],
-          "events": events, "spec": tl.spec}
-
-
-def tail_seconds(res, fraction: float = 0.25) -> float:
-  """Decode time while the live batch is at most `fraction` of the rollout's widest batch."""
-  dec = [e for e in res.timeline.events if e.kind != "prefill" and e.kind != "compact"]
-  if not dec:
-    return 0.0
-  widest = max(e.live for e in dec)
-  return float(sum(e.end - e.start for e in dec if e.live <= max(1, fraction * widest)))
-
-
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
   """The loop's own settings: each step draws `prompts_per_step` prompts x `group_size` samples
-  (addressed by `seed` and the step) for `steps` steps; the update splits a step's rows into
-  `micro_batches` on a `mesh_shape` = (data, fsdp) or (data, fsdp, tp) mesh; held-out
+  (addressed by `seed` and the step) for `steps` steps; the update makes `update_epochs` passes
+  over a step's rows, each cut into `mini_batches` (one optimizer step each), and accumulates
+  each mini-batch's gradient over `micro_batches` on a `mesh_shape` = (data, fsdp) or
+  (data, fsdp, tp) mesh; held-out
   evaluation every `eval_every` steps (0: off) with `eval_group_size` samples per prompt; a
   checkpoint every `checkpoint_every` steps (0: off), the last `keep` kept; `export` the final
   policy (and drafter) to `out_dir/export`."""
@@ -105,6 +76,8 @@ class LoopConfig:
   group_size: int
   seed: int = 0
   micro_batches: int = 1
+  mini_batches: int = 1
+  update_epochs: int = 1
   mesh_shape: tuple[int, ...] = (1, 1)
   checkpoint_every: int = 0
   keep: int = 2
@@ -113,7 +86,8 @@ class LoopConfig:
   export: bool = False
 
   def __post_init__(self):
-    for name in ("steps", "prompts_per_step", "group_size", "micro_batches"):
+    for name in ("steps", "prompts_per_step", "group_size", "micro_batches", "mini_batches",
+                 "update_epochs"):
       if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}.")
     mesh = tuple(self.mesh_shape)
@@ -159,13 +133,14 @@ class Trainer:
       mesh = make_mesh(*loop.mesh_shape)
     except ValueError as e:
       raise ConfigError(f"config.train.mesh_shape={tuple(loop.mesh_shape)}: {e}") from None
-    rows, split = prompts_per_step * group_size, loop.micro_batches * mesh.devices.size
+    rows = prompts_per_step * group_size
+    split = loop.mini_batches * loop.micro_batches * mesh.devices.size
     if rows % split:
       raise ConfigError(
           f"config.train: prompts_per_step x group_size = {rows} rows do not split into "
-          f"{loop.micro_batches} micro-batches over the update's {mesh.devices.size} devices "
-          f"({procs} process(es) x mesh_shape {tuple(loop.mesh_shape)}); use a multiple of "
-          f"{split} rows.")
+          f"{loop.mini_batches} mini-batch(es) of {loop.micro_batches} micro-batch(es) over the "
+          f"update's {mesh.devices.size} devices ({procs} process(es) x mesh_shape "
+          f"{tuple(loop.mesh_shape)}); use a multiple of {split} rows.")
     self.updater = PolicyUpdater(workload.model, mesh, learner, optim, workload.params,
                                  loop.micro_batches)
     # The policy as the rollout reads it: whole on this process's first device of the mesh.
@@ -192,9 +167,10 @@ class Trainer:
     self.warmup_report: dict = {}
     os.makedirs(self.out_dir, exist_ok=True)
 
-  def _batch_indices(self, step: int) -> np.ndarray:
-    """The data iterator, addressed by step: resuming at step s draws what a straight run would."""
-    rng = np.random.default_rng([self.seed, step])
+  def _batch_indices(self, step: int, round_: int = 0) -> np.ndarray:
+    """The data iterator, addressed by step (and top-up round): resuming at step s draws what a
+    straight run would."""
+    rng = np.random.default_rng([self.seed, step, round_] if round_ else [self.seed, step])
     return rng.choice(len(self.pool_prompts), self.prompts_per_step, replace=False)
 
   def evaluate(self) -> tuple[dict, list[float]]:
@@ -237,8 +213,10 @@ class Trainer:
                           self.w.params, lengths, progress=progress)
       warm_up_spread(len(self.eval_prompts), self.loop.eval_group_size,
                      self.w.params.max_new_tokens)
-    rows = self.prompts_per_step * self.group_size
-    self.updater.warm_up(rows, self.prompt_bucket, self.w.params.max_new_tokens)
+    rows, loop = self.prompts_per_step * self.group_size, self.loop
+    off_policy = loop.mini_batches * loop.update_epochs > 1
+    self.updater.warm_up(rows // loop.mini_batches, self.prompt_bucket,
+                         self.w.params.max_new_tokens, off_policy=off_policy)
     self.updater.learner.advantages(jnp.asarray(np.zeros(rows, np.float32)),
                                     self.group_size)  # as a step converts its rewards
     self._key(0)
@@ -247,70 +225,99 @@ class Trainer:
     return {"warmup_s": round(time.perf_counter() - start, 3), "warmup_programs": built.events}
 
   def train_step(self) -> tuple[dict, dict]:
-    """One RL step; returns (metrics, rollout record)."""
-    t0 = time.perf_counter()
-    built = compiles.Since()
-    idx = self._batch_indices(self.step)
-    prompts = [self.pool_prompts[i] for i in idx]
-    key = self._key(self.step)
-    ad = self.adaptive
+    """One RL step, as named stages: sample (the rollout; the drafter's hooks around it), score,
+    select (the learner's groups, with top-up rounds when it asks for them), advantages, update,
+    sync, drafter, record. Returns (metrics, rollout record)."""
+    t0, built = time.perf_counter(), compiles.Since()
     self._collective_s, self._collective_bytes = 0.0, 0
-    spread = self._generate(prompts, self.group_size, key, capture_hidden=ad is not None,
-                            on_shard_idle=ad.on_shard_idle if ad is not None else None)
-    res = spread.whole
+    first, res, drafter_metrics = self._sample()
+    chosen, select_metrics = self._select(first)
     t_rollout = time.perf_counter() - t0
-    g = self.group_size
-    drafter_metrics = {}
-    if ad is not None:  # it trains on this process's rows (their hidden states stay here)
-      drafter_metrics = ad.after_rollout(spread.prompts, g, spread.local, self.step,
-                                         self.updater.step_count, self.policy)
-    rewards = np.array([self.w.reward_fn(res.response(i), self.pool_answers[idx[i // g]])
-                        for i in range(len(res.lengths))], np.float32)
-    n = self.w.params.max_new_tokens
-    toks, plen, mask = pack_rows([prompts[i // g] for i in range(len(rewards))],
-                                 [res.response(i) for i in range(len(rewards))],
-                                 self.prompt_bucket, n, self.w.tokenizer.pad_id)
-    adv = self.updater.learner.advantages(jnp.asarray(rewards), g)
-    ref_logp = self.updater.ref_logprobs(toks, plen, mask)
-    # On-policy: the behaviour policy is the one updated, so the update's own forward pass gives
-    # the old log-probs (ratio 1) and the rollout's are compared with them, not recomputed.
-    batch = PolicyBatch(toks, plen, mask, np.asarray(adv), None, ref_logp)
+    n, learner = self.w.params.max_new_tokens, self.updater.learner
+    toks, plen, mask = chosen.pack(self.prompt_bucket, n, self.w.tokenizer.pad_id)
+    shaped = learner.shape_rewards(chosen.rewards_R, chosen.lengths_R, n)
+    adv = learner.advantages(jnp.asarray(shaped), self.group_size)
+    batch = PolicyBatch(toks, plen, mask, np.asarray(adv), None,
+                        self.updater.ref_logprobs(toks, plen, mask))
     t1 = time.perf_counter()
-    metrics, old_logp = self.updater.update(batch, with_logprobs=True)
-    mismatch = float(np.max(np.abs(old_logp - res.logprobs) * mask))
+    metrics, mismatch = rollout_update(
+        self.updater, batch, chosen.logprobs_RxN, self.loop.mini_batches, self.loop.update_epochs,
+        np.random.default_rng([self.seed, self.step, _UPDATE_ORDER]))
     t_sync = time.perf_counter()
     self._sync_policy()
     t_sync = time.perf_counter() - t_sync
-    if ad is not None:
-      ad.after_update(self.policy)
+    if self.adaptive is not None:
+      self.adaptive.after_update(self.policy)
     t_update = time.perf_counter() - t1
-    r = rewards.reshape(-1, g)
+    correct = (first.rewards_PxG() >= 1.0).astype(np.float32)
     summary = res.timeline.summary()
     out = {
-        "step": self.step, "reward": float(rewards.mean()),
-        "accuracy": float((rewards >= 1.0).mean()),
-        "mixed_group_fraction": float((r.max(1) > r.min(1)).mean()),
-        "length_p50": float(np.percentile(res.lengths, 50)),
-        "length_p90": float(np.percentile(res.lengths, 90)), "length_max": int(res.lengths.max()),
+        "step": self.step, "reward": float(first.rewards_R.mean()),
+        **group_stats(correct, first.lengths_R, first.rewards_PxG()),
         "rollout_s": round(t_rollout, 4), "tail_s": round(tail_seconds(res), 4),
         "update_s": round(t_update, 4), "weight_sync_s": round(t_sync, 4),
         "collective_s": round(self._collective_s, 4),
         "collective_bytes": int(self._collective_bytes), "drafter_s": 0.0,
         "idle_device_s": round(float(sum(summary["shard_idle_s"])), 4), "idle_used_s": 0.0,
-        "step_s": round(time.perf_counter() - t0, 4),
         "tokens_per_s": summary["tokens_per_s"], "sd_on_fraction": summary["sd_on_fraction"],
         "accept_len": summary.get("spec", {}).get("accept_len", 0.0),
         "drafter_version": self.engine.weights.drafter_version,
-        "compile_events": built.events, "compile_s": round(built.seconds, 3),
         "logprob_mismatch_max": mismatch,
-        **{f"{self.updater.learner.name}/{k}": v for k, v in metrics.items()},
+        **{f"{learner.name}/{k}": v for k, v in (metrics | select_metrics).items()},
         **drafter_metrics,
+        "compile_events": built.events, "compile_s": round(built.seconds, 3),
+        "step_s": round(time.perf_counter() - t0, 4),
     }
-    out["drafter_version"] = self.engine.weights.drafter_version
     out["rollout_share"] = round(out["rollout_s"] / out["step_s"], 4)
     record = rollout_record(self.step, res)
     self.step += 1
     return out, record
+
+  def _rollout(self, round_: int, **kw) -> tuple[Samples, Spread]:
+    """Round `round_` of this step's rollout (0: the step's own; later ones: top-ups), scored
+    by the task's reward."""
+    idx = self._batch_indices(self.step, round_)
+    key = self._key(self.step)
+    if round_:
+      key = jax.random.fold_in(key, round_)
+    prompts, g = [self.pool_prompts[i] for i in idx], self.group_size
+    spread = self._generate(prompts, g, key, capture_hidden=self.adaptive is not None, **kw)
+    res = spread.whole
+    answers = [self.pool_answers[i] for i in idx]
+    rewards = np.array([self.w.reward_fn(res.response(i), answers[i // g])
+                        for i in range(len(res.lengths))], np.float32)
+    responses = [res.response(i) for i in range(len(rewards))]
+    return Samples(prompts, answers, g, responses, np.asarray(res.logprobs), np.asarray(
+        res.lengths), rewards, np.ones(len(rewards), bool)), spread
+
+  def _sample(self) -> tuple[Samples, object, dict]:
+    """The step's rollout, with the adaptive drafter's spot training in its idle windows and
+    its publishing after it: (samples, the rollout's result, the drafter's metrics)."""
+    ad = self.adaptive
+    first, spread = self._rollout(0, on_shard_idle=ad.on_shard_idle if ad is not None else None)
+    metrics = {}
+    if ad is not None:  # it trains on this process's rows (their hidden states stay here)
+      metrics = ad.after_rollout(spread.prompts, self.group_size, spread.local, self.step,
+                                 self.updater.step_count, self.policy)
+    return first, spread.whole, metrics
+
+  def _select(self, first: Samples) -> tuple[Samples, dict]:
+    """The groups the update learns from, as the learner chooses them: kept groups of the first
+    round, then of top-up rounds (at most `learner.max_rounds`) until `prompts_per_step` are
+    kept; the shape never changes (missing groups are masked-out fillers)."""
+    learner = self.updater.learner
+    rounds, keep = [first], [learner.keep_groups(first.rewards_PxG())]
+    while sum(int(k.sum()) for k in keep) < self.prompts_per_step and len(rounds) <= \
+        learner.max_rounds:
+      more, _ = self._rollout(len(rounds))
+      rounds.append(more)
+      keep.append(learner.keep_groups(more.rewards_PxG()))
+    chosen, kept = select_groups(rounds, keep, self.prompts_per_step)
+    if learner.max_rounds == 0 and kept == self.prompts_per_step:
+      return chosen, {}
+    return chosen, {"kept_groups": kept, "kept_fraction": kept / self.prompts_per_step,
+                    "top_up_rounds": len(rounds) - 1,
+                    "pool_dry": float(kept < self.prompts_per_step)}
 
   def _sync_policy(self) -> None:
     """The updated policy onto this process's rollout shards (`self.policy`: whole on its first

@@ -214,12 +214,12 @@ class PolicyUpdater:
   def model(self):
     return nnx.merge(self.graphdef, self.params)
 
-  def warm_up(self, rows: int, prompt_width: int, n: int) -> int:
-    """Builds every program an on-policy `update` (`old_logp_RxN=None`, what the trainer runs)
-    can run on batches of `rows` rows with prompts padded to `prompt_width` and `n` response
-    tokens: each micro-batch width (`update_widths`), the reference's log-probs when the KL term
-    is on, the optimizer step and the eager ops around them. Runs them on zeros and applies
-    nothing. Returns the number of widths."""
+  def warm_up(self, rows: int, prompt_width: int, n: int, off_policy: bool = False) -> int:
+    """Builds every program an `update` can run on batches of `rows` rows with prompts padded to
+    `prompt_width` and `n` response tokens: on-policy (`old_logp_RxN=None`) or, with
+    `off_policy`, with behaviour log-probs given; each micro-batch width (`update_widths`), the
+    reference's log-probs when the KL term is on, the optimizer step and the eager ops around
+    them. Runs them on zeros and applies nothing. Returns the number of widths."""
     widths = update_widths(prompt_width + n)
     mb_rows = rows // self.micro
     if rows % (self.micro * self.mesh.devices.size):
@@ -232,8 +232,8 @@ class PolicyUpdater:
       w = min(n, t)
       zeros = lambda *shape: np.zeros(shape, np.float32)
       mb = PolicyBatch(np.zeros((mb_rows, t), np.int32),
-                       np.ones(mb_rows, np.int32), zeros(mb_rows, w), zeros(mb_rows), None,
-                       zeros(mb_rows, w))
+                       np.ones(mb_rows, np.int32), zeros(mb_rows, w), zeros(mb_rows),
+                       zeros(mb_rows, w) if off_policy else None, zeros(mb_rows, w))
       if self.ref_params is not None:
         self._logprobs(self.ref_params,
                        distributed.put(mb.tokens_RxL, self._row_shardings.tokens_RxL),
@@ -243,6 +243,33 @@ class PolicyUpdater:
       metrics = m if metrics is None else jax.tree.map(jnp.add, metrics, m)
     jax.block_until_ready(self._apply(self.params, self.opt_state, grads))
     return len(widths)
+
+
+def rollout_update(updater: PolicyUpdater, batch: PolicyBatch, logprobs_RxN: np.ndarray,
+                   mini_batches: int, epochs: int, rng: np.random.Generator):
+  """The update of one rollout batch: `epochs` passes, each over the rows shuffled by `rng` and
+  cut into `mini_batches` (one optimizer step each). With one step in all it is on-policy: the
+  ratio is 1 and the update's own forward gives the old log-probs; otherwise every step's ratio
+  is taken against the rollout's recorded `logprobs_RxN`. Returns the learner's metrics averaged
+  over the steps (with `optimizer_steps`) and the largest difference between the rollout's
+  log-probs and the update's first forward over the response tokens."""
+  mask = np.asarray(batch.mask_RxN)
+  if mini_batches * epochs == 1:
+    metrics, old = updater.update(batch, with_logprobs=True)
+    return dict(metrics, optimizer_steps=1), float(np.max(np.abs(old - logprobs_RxN) * mask))
+  b = dataclasses.replace(jax.tree.map(np.asarray, batch), old_logp_RxN=logprobs_RxN)
+  steps, mismatch = [], 0.0
+  for _ in range(epochs):
+    for idx in np.split(rng.permutation(mask.shape[0]), mini_batches):
+      mb = jax.tree.map(lambda x: x[idx], b)
+      if steps:
+        steps.append(updater.update(mb))
+      else:
+        m, first = updater.update(mb, with_logprobs=True)
+        mismatch = float(np.max(np.abs(first - logprobs_RxN[idx]) * mask[idx]))
+        steps.append(m)
+  metrics = {k: float(np.mean([m[k] for m in steps])) for k in steps[0]}
+  return dict(metrics, optimizer_steps=len(steps)), mismatch
 
 
 def update_widths(width: int, min_width: int = 8) -> list[int]:
