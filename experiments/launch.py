@@ -17,6 +17,7 @@ from absl.logging import converter
 
 from tlt_jax.distributed import DistributedError
 from tlt_jax.errors import ConfigError
+from tlt_jax.rl import schema
 
 _VERBOSITY_ENV = "TLT_JAX_VERBOSITY"
 
@@ -44,36 +45,96 @@ def run(main) -> None:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing; a config override of a key the config lacks, an unparsable value or a
-  config file that fails to load ends the process with one line naming it, before any work."""
+  """absl's flag parsing, plus overrides of run-config fields the config file does not mention
+  (`tlt_jax.rl.schema`: any field of the section's dataclass). A key neither the config nor the
+  schema has, an unparsable value or a config file that fails to load ends the process with one
+  line naming it, before any work."""
+  added = []
+  if any(a.startswith("--config.") for a in argv):
+    config, path = _load_config(argv)
+    for arg in [a for a in argv if a.startswith("--config.")]:
+      if _has_path(config, _override_path(arg)):
+        continue
+      error = _unknown_key(config, arg, path)
+      if error:
+        raise SystemExit(error)
+      added.append(arg)
+  # ml_collections reads its overrides from sys.argv itself: the added ones must leave it too.
+  sys.argv[:] = [a for a in sys.argv if a not in added]
   try:
-    return flags.FLAGS(argv)
-  except (AttributeError, KeyError):  # ml_collections: an override of a key the config lacks
-    raise SystemExit(_unknown_key(argv)) from None
+    rest = flags.FLAGS([a for a in argv if a not in added])
   except flags.Error as e:
     lines = [line for line in str(e).splitlines() if line.strip()]
     raise SystemExit(f"{lines[0]} {lines[-1]}" if len(lines) > 1 else lines[0]) from None
+  for arg in added:
+    _set_field(flags.FLAGS["config"].value, arg)
+  return rest
 
 
-def _unknown_key(argv: list[str]) -> str:
-  """The message for the first `--config.a.b=v` whose path the config (loaded again) lacks."""
-  spec = next(a.split("=", 1)[1] for a in argv if a.startswith("--config="))
+def _override_path(arg: str) -> tuple[str, ...]:
+  return tuple(arg[len("--config."):].split("=", 1)[0].split("."))
+
+
+def _load_config(argv: list[str]):
+  """The config file the command line names (`--config=path[:variant]`), loaded, and its path."""
+  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if spec is None:
+    spec = flags.FLAGS["config"].default_as_str.strip("'")
   path, _, variant = spec.partition(":")
   module_spec = importlib.util.spec_from_file_location("_config", path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
-  config = module.get_config(variant) if variant else module.get_config()
-  for arg in argv:
-    if not arg.startswith("--config."):
-      continue
-    node, parts = config, arg[len("--config."):].split("=", 1)[0].split(".")
-    for i, part in enumerate(parts):
-      keys = list(node.keys()) if isinstance(node, (ml_collections.ConfigDict, dict)) else []
-      if part not in keys:
-        at = ".".join(["config", *parts[:i]])
-        near = difflib.get_close_matches(part, keys, n=1)
-        hint = f"did you mean {at}.{near[0]}? " if near else ""
-        return (f"{arg}: {at} has no key {part!r}; {hint}its keys: {', '.join(sorted(keys))} "
-                f"(see {path}).")
+  return (module.get_config(variant) if variant else module.get_config()), path
+
+
+def _has_path(config, parts) -> bool:
+  node = config
+  for part in parts:
+    if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
+      return False
+    node = node[part]
+  return True
+
+
+def _unknown_key(config, arg: str, path: str) -> str:
+  """'' when `arg` sets a field the schema has in a section the config holds; else the one-line
+  message naming the nearest known key."""
+  parts, run = _override_path(arg), _is_run_config(config)
+  if run and schema.field_type(parts) is not None:
+    return ""
+  node = config
+  for i, part in enumerate(parts):
+    keys = set(node.keys()) if isinstance(node, (ml_collections.ConfigDict, dict)) else set()
+    if run:  # the schema's fields and sections there
+      keys |= set(schema.fields(parts[:i])) | {p[i] for p in schema.SECTIONS
+                                                if len(p) > i and p[:i] == parts[:i]}
+    if part not in keys or i == len(parts) - 1:
+      at = ".".join(["config", *parts[:i]])
+      near = difflib.get_close_matches(part, sorted(keys), n=1)
+      hint = f"did you mean {at}.{near[0]}? " if near else ""
+      return (f"{arg}: {at} has no key {part!r}; {hint}its keys: {', '.join(sorted(keys))} "
+              f"(see {path} and tlt_jax/rl/schema.py).")
+    node = node[part] if part in node else {}
+  return ""
+
+
+def _is_run_config(config) -> bool:
+  """Whether `config` holds a run's sections (`tlt_jax/rl/config.py`), whose schema applies."""
+  return all(k in config for k in ("model", "rollout", "train"))
+
+
+def _set_field(config, arg: str) -> None:
+  """Applies `--config.a.b=v` for a schema field the config file does not hold (sections made
+  as needed), the value parsed by the field's type."""
+  parts, text = _override_path(arg), arg.split("=", 1)[1] if "=" in arg else ""
+  try:
+    value = schema.parse_value(text, schema.field_type(parts))
+  except ValueError as e:
+    raise SystemExit(f"{arg}: {e}.") from None
+  node = config
+  with config.unlocked():
+    for part in parts[:-1]:
+      if part not in node or node[part] is None:
+        node[part] = ml_collections.ConfigDict()
       node = node[part]
-  return f"{' '.join(sys.argv[1:])}: a config override names a key the config does not have."
+    node[parts[-1]] = value

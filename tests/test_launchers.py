@@ -68,15 +68,35 @@ def test_a_bad_run_setting_is_one_line_before_any_work(tmp_path):
   for override, expect in (("--config.rollout.temperature=-1.0",
                             "config.rollout: temperature must be >= 0"),
                            ("--config.rl.learner=gpso", "config.rl.learner='gpso' is not a "
-                                                        "learner; available: grpo, gspo"),
+                                                        "learner; available: dapo, grpo, gspo"),
                            ("--config.model.name=tinny", "(did you mean 'tiny'?)"),
-                           ("--config.rl.optim.lr=0.0", "config.rl.optim: lr must be > 0")):
+                           ("--config.rl.optim.lr=0.0", "config.rl.optim: lr must be > 0"),
+                           ("--config.train.mini_batchs=2", "config.train has no key "
+                            "'mini_batchs'; did you mean config.train.mini_batches?"),
+                           ("--config.train.mini_batches=two", "'two' is not of type int"),
+                           ("--config.rl.dapo.max_roundz=1", "did you mean "
+                                                             "config.rl.dapo.max_rounds?")):
     proc = run_module("experiments.train_grpo",
                       "--config=experiments/configs/tiny_baseline.py:small",
                       f"--config.out_dir={tmp_path}/run", override)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert expect in proc.stderr.strip().splitlines()[-1]
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_the_command_line_sets_fields_the_config_file_does_not_mention(tmp_path):
+  """One home per default: any field of a section's dataclass (tlt_jax/rl/schema.py) may be set
+  from the command line, also in a section no file holds (`rl.dapo`): a DAPO run with two
+  mini-batches and two epochs per rollout from the GRPO baseline's small config."""
+  out = last_json(run_module(
+      "experiments.train_grpo", "--config=experiments/configs/tiny_baseline.py:small",
+      f"--config.out_dir={tmp_path}/run", "--config.rl.learner=dapo",
+      "--config.rl.dapo.max_rounds=1", "--config.train.mini_batches=2",
+      "--config.train.update_epochs=2", "--config.train.steps=1", "--config.train.eval_every=0"))
+  assert out["steps"] == 1
+  metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+  assert metrics["dapo/optimizer_steps"] == 4 and metrics["dapo/top_up_rounds"] <= 1
+  assert metrics["compile_events"] == 0
 
 
 def test_a_layout_the_devices_cannot_hold_is_one_line(tmp_path):
@@ -89,8 +109,8 @@ def test_a_layout_the_devices_cannot_hold_is_one_line(tmp_path):
                             "config.rollout.engine: num_shards=2 x 1 device(s) per shard needs 2 "
                             "devices but 1 are visible"),
                            ("--config.train.micro_batches=3",
-                            "64 rows do not split into 3 micro-batches over the update's 1 "
-                            "devices")):
+                            "64 rows do not split into 1 mini-batch(es) of 3 micro-batch(es) over "
+                            "the update's 1 devices")):
     proc = run_module("experiments.train_grpo",
                       "--config=experiments/configs/tiny_tlt.py:scale",
                       f"--config.out_dir={tmp_path}/run", override)

@@ -31,19 +31,14 @@ def warm_start(small: bool = False) -> CD:
   return c
 
 
-def precision(compute_dtype: str = "float32") -> dict:
-  """The precision policy (tlt_jax/models/precision.py): master weights and optimizer state in
-  `param_dtype`, matmuls and activations in `compute_dtype` (bfloat16 on accelerators; float32
-  is faster on CPU); norms, softmax statistics, logits and log-probs are float32 either way."""
-  return dict(param_dtype="float32", compute_dtype=compute_dtype)
-
-
 def tiny_model(small: bool = False) -> CD:
-  return CD(dict(name="tiny", warm_start=warm_start(small), **precision()))
+  """The warm-started `tiny` policy. Its precision (`param_dtype`, `compute_dtype`: float32, the
+  defaults of tlt_jax/models/precision.py, fastest on CPU) is set by a run that changes it."""
+  return CD(dict(name="tiny", warm_start=warm_start(small)))
 
 
 def smollm2_model() -> CD:
-  return CD(dict(name="smollm2", **precision()))
+  return CD(dict(name="smollm2"))
 
 
 def tiny_task(**settings) -> CD:
@@ -64,13 +59,8 @@ def word_problems_task(**settings) -> CD:
 def rollout(small: bool = False, **sampling) -> CD:
   """Sampling (`max_new_tokens` 0: the task's own maximum) and the engine's layout: `num_shards`
   data-parallel shards of `tp` devices each (tensor parallelism within a shard)."""
-  c = CD(dict(dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=24 if small else 0),
-              **sampling))
-  c.engine = CD(dict(
-      batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), max_batch=128,
-      prefill_buckets=(16, 32, 64, 128, 256, 512), steps_per_dispatch=8, num_shards=1, tp=1,
-      cache_slack=0, compile_cache_dir="", precompile=False, attention="auto",
-      cache_dtype=""))  # cache_dtype empty: the model's compute dtype
+  c = CD(dict(dict(max_new_tokens=24) if small else {}, **sampling))
+  c.engine = CD(dict(batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), max_batch=128))
   if small:  # two batch buckets (16 rows compacting to 4): every bucket is programs to build
     c.engine.batch_buckets, c.engine.max_batch = (4, 16), 16
   return c
@@ -97,22 +87,20 @@ def smollm2_workload(small: bool = False) -> CD:
                  rollout=smollm2_rollout(small)))
 
 
-def spec(threshold: int, arms: tuple) -> CD:
+def spec(arms: tuple, **settings) -> CD:
   """Speculative decoding under the `coupled` rule (the same run as plain sampling) with the
   bandit's `arms`: (proposer, depth, ngram) chains, ('tree', depth, topk, nodes) EAGLE-2 trees,
   ('plain', 1, 0)."""
-  return CD(dict(threshold=threshold, rule="coupled", epsilon=0.1, window=300,
-                 min_accept_len=1.05, health_window=64, seed=0, arms=arms))
+  return CD(dict(arms=arms, **settings))
 
 
 def tiny_drafter(small: bool = False) -> CD:
   """The warm-up EAGLE drafter of the warm-started `tiny` policy, trained on its rollouts of
   `warmup_prompts` prompts; `adaptive` empty: it stays frozen."""
   c = CD()
-  c.model = CD(dict(feature_layers=(), smooth_l1_weight=1.0, ce_weight=0.1))
-  c.train = CD(dict(lr=3e-3, warmup_steps=20, weight_decay=1e-2, clip=1.0))
-  c.warmup = CD(dict(steps=300, batch_rows=32, seq_len=256, group_size=4, seed=0))
-  c.warmup_prompts = 64
+  c.model = CD()
+  c.train = CD(dict(lr=3e-3))
+  c.warmup = CD()
   c.adaptive = CD()
   if small:
     c.warmup.steps, c.warmup.batch_rows, c.warmup_prompts = 10, 8, 8
@@ -124,13 +112,11 @@ def smollm2_drafter(small: bool = False, unrolled: bool = False) -> CD:
   frequent in its own rollouts; `unrolled` trains draft depths 2 and 3 as they run, on the
   drafter's own outputs (EAGLE-3's training-time test; each step costs about three)."""
   c = CD()
-  c.model = CD(dict(feature_layers=(), smooth_l1_weight=1.0, ce_weight=0.5,
-                    draft_vocab=512 if small else 4096))
+  c.model = CD(dict(ce_weight=0.5, draft_vocab=512 if small else 4096))
   if unrolled:
     c.model.unroll_steps, c.model.unroll_decay = 3, 0.8
-  c.train = CD(dict(lr=1e-3, warmup_steps=30, weight_decay=1e-2, clip=1.0))
-  c.warmup = CD(dict(steps=4 if small else 600, batch_rows=4 if small else 16, seq_len=384,
-                     group_size=4, seed=0))
+  c.train = CD(dict(lr=1e-3, warmup_steps=30))
+  c.warmup = CD(dict(steps=4 if small else 600, batch_rows=4 if small else 16, seq_len=384))
   c.warmup_prompts = 4 if small else 256
   c.adaptive = CD()
   return c
@@ -139,28 +125,19 @@ def smollm2_drafter(small: bool = False, unrolled: bool = False) -> CD:
 def adaptive(small: bool = False) -> CD:
   """The adaptive drafter: spot training from captured hidden states on rollout shards that
   finish early (or `spot.budget_s` seconds per step on one device), checked publishing."""
-  c = CD(dict(
-      train=dict(lr=1e-3, warmup_steps=5, weight_decay=1e-2, clip=1.0),
-      buffer=dict(max_tokens=200_000, length_power=1.0, half_life=4.0, min_length=2),
-      spot=dict(batch_rows=16, seq_len=128, budget_s=0.0, max_steps_per_window=0,
-                min_segments=16, seed=0),
-      publish=dict(depth=4, min_ratio=0.8, seq_len=128),
-      holdout_rows=16))
+  c = CD(dict(train=dict(lr=1e-3, warmup_steps=5), spot=dict(min_segments=16)))
   if small:
     c.spot.budget_s, c.spot.min_segments = 0.5, 4
   return c
 
 
 def rl(**optim) -> CD:
-  """The learner (grpo | gspo, tlt_jax/rl/learner.py) with each one's settings, and AdamW
-  (`total_steps` 0: the run's `train.steps`)."""
+  """The learner by name (grpo | gspo | dapo: tlt_jax/rl/learners.py; its settings in `rl.<name>`,
+  absent: its defaults) and AdamW (`total_steps` 0: every optimizer step of the run, `train.steps`
+  x `train.mini_batches` x `train.update_epochs`)."""
   c = CD()
   c.learner = "grpo"
-  c.grpo = CD(dict(clip_low=0.2, clip_high=0.28, kl_coef=0.0, normalize_std=True,
-                   aggregation="sequence", max_len_norm=0))
-  c.gspo = CD(dict(clip_low=3e-4, clip_high=4e-4, kl_coef=0.0, normalize_std=True))
-  c.optim = CD(dict(dict(lr=2e-4, warmup_steps=2, total_steps=0, end_lr_fraction=0.1,
-                         weight_decay=0.0, clip=1.0, b1=0.9, b2=0.999), **optim))
+  c.optim = CD(dict(total_steps=0, **optim))
   return c
 
 
@@ -169,8 +146,7 @@ def distributed(**settings) -> CD:
   process count, empty/0 to take them from the environment (`experiments.launch_local`, SLURM,
   cloud TPU) or to run as one process; seconds to wait for every process at start-up and before
   a lost peer ends the run."""
-  return CD(dict(dict(coordinator_address="", num_processes=0, initialization_timeout_s=300,
-                      heartbeat_timeout_s=100), **settings))
+  return CD(settings)
 
 
 def train(**loop) -> CD:
@@ -179,8 +155,7 @@ def train(**loop) -> CD:
   every `checkpoint_every` steps; `eval_prompts` held-out prompts x `eval_group_size` scored every
   `eval_every` steps (0: off); `export`: the final policy (and drafter) to out_dir/export."""
   return CD(dict(dict(steps=20, num_prompts=512, prompts_per_step=16, group_size=8,
-                      micro_batches=1, mesh_shape=(1, 1), checkpoint_every=5, keep=2,
-                      eval_every=5, eval_prompts=64, eval_group_size=4, export=False), **loop))
+                      checkpoint_every=5, eval_every=5, eval_prompts=64), **loop))
 
 
 def tiny_run(name: str, variant: str = "") -> CD:
@@ -199,7 +174,8 @@ def tiny_run(name: str, variant: str = "") -> CD:
   c.rollout = rollout(small)
   c.spec = CD()     # empty: no speculative decoding
   c.drafter = CD()  # empty: no drafter
-  c.rl = rl()
+  c.rl = rl(lr=2e-4, warmup_steps=2)
+  c.rl.grpo = CD(dict(aggregation="sequence"))
   c.train = train()
   c.distributed = distributed()
   if small:
@@ -233,11 +209,11 @@ def smollm2_run(name: str, small: bool = False) -> CD:
   c.task = word_problems_task(word_problems=easy, difficulty=easy)
   c.rollout = smollm2_rollout(small)
   c.rollout.max_new_tokens = 8 if small else 128
-  c.rollout.engine.batch_buckets, c.rollout.engine.max_batch = (1, 2, 4, 8, 16, 32, 64), 64
+  # The engine's default batch buckets (up to 64 rows: 8 prompts x 8), SmolLM2's prefill buckets.
+  c.rollout.engine = CD(dict(prefill_buckets=c.rollout.engine.prefill_buckets))
   c.spec = CD()     # empty: no speculative decoding
   c.drafter = CD()  # empty: no drafter
-  c.rl = rl(lr=1e-5, warmup_steps=1)
-  c.rl.grpo.aggregation = "token"
+  c.rl = rl(warmup_steps=1)  # lr: the default, 1e-5
   c.distributed = distributed()
   c.train = train(
       steps=8, num_prompts=2048,  # the training prompt pool (fresh prompts, not a few re-drawn)
@@ -253,8 +229,8 @@ def with_tlt(c: CD, small: bool = False) -> CD:
   """Run `c` with speculative decoding (`coupled`: the same run, token for token) and the
   warmed-up EAGLE drafter, which keeps adapting to the policy; the final policy and drafter are
   exported."""
-  c.spec = spec(threshold=16 if small else 8,
-                arms=(("eagle", 3, 0), ("eagle", 6, 0), ("suffix", 4, 3), ("plain", 1, 0)))
+  c.spec = spec((("eagle", 3, 0), ("eagle", 6, 0), ("suffix", 4, 3), ("plain", 1, 0)),
+                **(dict(threshold=16) if small else {}))
   c.drafter = tiny_drafter(small)
   c.drafter.adaptive = adaptive(small)
   c.train.export = True

@@ -29,7 +29,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   small = variant == "small"
   c = base.smollm2_workload(small)
   c.drafter = base.smollm2_drafter(small, unrolled=variant == "unrolled")  # cached
-  c.spec = base.spec(threshold=2, arms=(("eagle", 3, 0), ("suffix", 3, 3), ("plain", 1, 0)))
+  c.spec = base.spec((("eagle", 3, 0), ("suffix", 3, 3), ("plain", 1, 0)), threshold=2)
   if variant == "rejection":
     c.spec.rule = "rejection"
   c.bench = ml_collections.ConfigDict(dict(

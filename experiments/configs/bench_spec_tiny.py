@@ -21,9 +21,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.drafter = base.tiny_drafter(small)
   # The small run's 16 rows speculate from the start; it has no depth-6 arm, the costliest to
   # compile (each arm's exactness is also a unit test's).
-  c.spec = base.spec(threshold=16 if small else 8,
-                     arms=(("eagle", 3, 0), ("suffix", 4, 3)) if small
-                     else (("eagle", 3, 0), ("eagle", 6, 0), ("suffix", 4, 3)))
+  c.spec = base.spec((("eagle", 3, 0), ("suffix", 4, 3)) if small
+                     else (("eagle", 3, 0), ("eagle", 6, 0), ("suffix", 4, 3)),
+                     **(dict(threshold=16) if small else {}))
   c.bench = ml_collections.ConfigDict(dict(
       num_prompts=4 if small else 16, group_size=4 if small else 8, repeats=2, sweep_rows=(),
       sweep_arms=()))

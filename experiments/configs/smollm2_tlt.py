@@ -18,5 +18,5 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant not in ("", "small"):
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
   c = base.smollm2_run("smollm2_tlt", small=variant == "small")
-  c.spec = base.spec(threshold=4, arms=(("suffix", 3, 3), ("suffix", 6, 3), ("plain", 1, 0)))
+  c.spec = base.spec((("suffix", 3, 3), ("suffix", 6, 3), ("plain", 1, 0)), threshold=4)
   return c

@@ -2,14 +2,17 @@
 a bad key or value is one `ConfigError` naming it (the nearest known key for a misspelling)."""
 
 import importlib
+import inspect
 import pathlib
 
+import ml_collections
 import pytest
 
 from experiments.configs import base, tiny_baseline, tiny_tlt
 from tlt_jax.errors import ConfigError
 from tlt_jax.models.precision import Precision
 from tlt_jax.rl.config import run_config
+from tlt_jax.rl import schema
 from tlt_jax.rl.grpo import GRPOConfig
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "configs"
@@ -61,8 +64,8 @@ def test_no_config_imports_another_than_the_shared_base():
     (lambda c: c.rl.update(learner="ppo"), "config.rl.learner='ppo' is not a learner"),
     (lambda c: c.rl.grpo.update(clip_hihg=0.3), "did you mean config.rl.grpo.clip_high?"),
     (lambda c: c.rl.optim.update(lr=0.0), "config.rl.optim: lr must be > 0"),
-    (lambda c: c.update(spec=base.spec(8, (("eagel", 3, 0),))), "config.spec.arms: "),
-    (lambda c: c.update(spec=base.spec(8, (("eagle", 3, 0),))), "config.drafter: an ('eagle'"),
+    (lambda c: c.update(spec=base.spec((("eagel", 3, 0),))), "config.spec.arms: "),
+    (lambda c: c.update(spec=base.spec((("eagle", 3, 0),))), "config.drafter: an ('eagle'"),
     (lambda c: c.drafter.update(adaptive=base.adaptive()), "config.drafter.adaptive needs an "
                                                            "EAGLE drafter"),
     (lambda c: c.model.update(compute_dtype="bf16"), "config.model: compute_dtype='bf16' is not "
@@ -100,3 +103,57 @@ def test_a_tlt_config_s_drafter_sections_are_checked():
   c.drafter.adaptive.spot.update(budget=1.0)
   with pytest.raises(ConfigError, match=r"did you mean config.drafter.adaptive.spot.budget_s\?"):
     run_config(c)
+
+
+def _sections(node, path=()):
+  """Every (path, section) of a config, nested sections included."""
+  if isinstance(node, ml_collections.ConfigDict):
+    yield path, node
+    for key in node.keys():
+      yield from _sections(node[key], path + (key,))
+
+
+def _repeats(config) -> list[str]:
+  """`config.<path>.<key>` for each value equal to its dataclass default (tlt_jax/rl/schema.py)."""
+  out = []
+  for path, section in _sections(config):
+    home = next((s for s in schema.SECTIONS if path[len(path) - len(s):] == s), None)
+    defaults = schema.defaults(home) if home else {}
+    for key in section.keys():
+      value = section[key]
+      if key in defaults and not isinstance(value, ml_collections.ConfigDict) and (
+          tuple(value) if isinstance(value, list) else value) == defaults[key]:
+        out.append(".".join(("config", *path, key)) + f"={value!r}")
+  return out
+
+
+def test_the_shared_base_sets_no_default_again():
+  """One home per default: a section the shared base builds holds only what differs from its
+  dataclass (the schema), so a changed default reaches every run. (A config file may set a
+  default's value to undo what its base section changed.)"""
+  found = []
+  for name, build in inspect.getmembers(base, inspect.isfunction):
+    params = inspect.signature(build).parameters
+    if name in ("warm_start",) or any(p.default is inspect.Parameter.empty for p in params.values()
+                                      if p.kind is p.POSITIONAL_OR_KEYWORD):
+      continue
+    for small in ((False, True) if "small" in params else (False,)):
+      out = build(small=small) if "small" in params else build()
+      section = {"rollout": ("rollout",), "smollm2_rollout": ("rollout",),
+                 "tiny_drafter": ("drafter",), "smollm2_drafter": ("drafter",),
+                 "adaptive": ("drafter", "adaptive"), "rl": ("rl",), "train": ("train",),
+                 "distributed": ("distributed",), "tiny_model": ("model",),
+                 "smollm2_model": ("model",)}.get(name, ())
+      wrapped = out
+      for key in reversed(section):
+        wrapped = ml_collections.ConfigDict({key: wrapped})
+      found += [f"base.{name}: {r}" for r in _repeats(wrapped)]
+  found += [f"base.tiny_run: {r}" for r in _repeats(base.tiny_run("x"))]
+  found += [f"base.smollm2_run: {r}" for r in _repeats(base.smollm2_run("x"))]
+  found += [f"base.with_tlt: {r}" for r in _repeats(base.with_tlt(base.tiny_run("x")))]
+  assert not found, found
+  # ...and the test sees a repeat where there is one.
+  c = base.tiny_run("x")
+  c.rollout.engine.tp = 1
+  assert _repeats(c) == ["config.rollout.engine.tp=1"]
+

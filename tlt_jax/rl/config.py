@@ -60,6 +60,7 @@ class RunConfig:
 
   @property
   def out_dir(self) -> str:
+    """The run directory."""
     return self.loop.out_dir
 
 
@@ -90,7 +91,7 @@ def run_config(c: ml_collections.ConfigDict, other_keys=()) -> RunConfig:
   drafter_section = check_keys(c.get("drafter"), "drafter",
                                ("model", "train", "warmup", "warmup_prompts", "adaptive"))
   uses_drafter = spec is not None and any(a.uses_drafter for a in spec.arms)
-  if uses_drafter and not drafter_section.get("warmup"):
+  if uses_drafter and not drafter_section:
     raise ConfigError("config.drafter: an ('eagle', ...) or ('tree', ...) arm drafts with the "
                       "warm-up drafter; give its recipe (model, train, warmup, warmup_prompts).")
   recipe = drafter_recipe(drafter_section, ("adaptive",)) if uses_drafter else None

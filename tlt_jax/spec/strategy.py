@@ -34,10 +34,12 @@ class Strategy:
 
   @property
   def is_plain(self) -> bool:
+    """Whether this arm is plain decoding."""
     return self.proposer == "plain"
 
   @property
   def uses_drafter(self) -> bool:
+    """Whether this arm drafts with the engine's draft model."""
     return not self.is_plain and get_proposer(self.proposer).uses_draft_model
 
   @property
@@ -55,6 +57,7 @@ class Strategy:
 
   @property
   def name(self) -> str:
+    """The arm's name in metrics and records (e.g. `eagle_d3`)."""
     return "plain" if self.is_plain else get_proposer(self.proposer).arm_name(self)
 
 
@@ -67,8 +70,8 @@ class SpecConfig:
   arms: tuple[Strategy, ...] = (Strategy(depth=2), Strategy(depth=4), Strategy(depth=8))
   epsilon: float = 0.1
   window: int = 300
-  min_accept_len: float = 1.15        # health: below this mean tokens/step the arm is retired
-  health_window: int = 16             # speculative steps per row-dispatch judged together
+  min_accept_len: float = 1.05        # health: below this mean tokens/step the arm is retired
+  health_window: int = 64             # speculative steps per row-dispatch judged together
   seed: int = 0
 
   def __post_init__(self):
