@@ -1,6 +1,11 @@
-"""`ConfigError`: a run config with a bad key or value, found before any work. The launchers
-print it as one line (no traceback): the user's mistake, not the program's."""
+"""The errors a user can act on, printed by the launchers as one line (no traceback): `ConfigError`,
+a run config with a bad key or value found before any work; `TrainingError`, a run that stopped
+on a fault."""
 
 
 class ConfigError(ValueError):
   """A bad config setting; the message names the key (`config.<key>: ...`) and the fix."""
+
+
+class TrainingError(RuntimeError):
+  """The run stopped on a fault (e.g. a non-finite loss); the last good checkpoint is intact."""

@@ -74,8 +74,9 @@ def fixed_layout_cost(model, prompts, group_size: int, params: SamplingParams,
     for name, run in runs.items():
       best[name] = min(best[name], timed(run)[1])
   n = params.max_new_tokens
-  return {"cache_len_per_call": engines["per_call"].layout(n, max(map(len, prompts)))[0],
-          "cache_len_fixed": engines["fixed"].layout(n)[0],
+  longest = max(map(len, prompts))
+  return {"cache_len_per_call": engines["per_call"].programs.layout(n, False, longest).cache_len,
+          "cache_len_fixed": engines["fixed"].programs.layout(n, False).cache_len,
           "engine_s_per_call": round(best["per_call"], 4), "engine_s_fixed": round(best["fixed"], 4),
           "fixed_over_per_call": round(best["fixed"] / best["per_call"], 4),
           "same_tokens": bool(np.array_equal(outs["fixed"].tokens, outs["per_call"].tokens))}

@@ -23,6 +23,7 @@ from tlt_jax.models.pretrained import load_pretrained
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.rl.grpo import GRPOConfig
+from tlt_jax.rl import resume
 from tlt_jax.rl.trainer import LoopConfig, Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
@@ -189,7 +190,7 @@ def test_publishing_refuses_nan_and_collapsed_drafters(sd_rollout):
   res = eng.generate(prompts, 1, greedy, jax.random.key(0), capture_hidden=True)
   buf = DataBuffer(BufferConfig(max_tokens=10_000), target.cfg.d_model)
   sample = buf.pack(buf.add_rollout(prompts, 1, res, 0, 0), 32, 0)
-  pub = DrafterPublisher(eng, PublishConfig(depth=4, min_ratio=0.8, seq_len=32))
+  pub = DrafterPublisher(eng.drafter_port(), PublishConfig(depth=4, min_ratio=0.8, seq_len=32))
   tparams = nnx.state(target)
   good = nnx.state(drafter, nnx.Param)
   version = eng.weights.drafter_version
@@ -242,5 +243,5 @@ def test_a_tlt_run_exports_a_policy_and_drafter_that_generate_can_load(tmp_path)
                   learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                   spec=SpecConfig(threshold=16, arms=EAGLE, min_accept_len=0.0),
                   drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1), adaptive=cfg)
-  assert again.restore() and again.engine.weights.drafter_version == tr.engine.weights.drafter_version
+  assert resume.restore(again) and again.engine.weights.drafter_version == tr.engine.weights.drafter_version
   assert again.adaptive.spot.trainer.step_count == tr.adaptive.spot.trainer.step_count

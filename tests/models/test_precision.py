@@ -61,7 +61,7 @@ def test_the_engine_holds_compute_dtype_weights_and_its_cache_dtype():
   cfg = EngineConfig(batch_buckets=(2,), max_batch=2, prefill_buckets=(16,), precompile=False)
   engine = RolloutEngine(b, cfg)
   assert dtypes(engine.weights.shard(0)[0]) == {"bfloat16", "float32"}  # matrices, vectors
-  cache = lambda e: e._state_shape(2, 32, 8, False, 0).cache  # what every program carries
+  cache = lambda e: e.programs._state_shape(2, 32, 8, False, 0).cache  # what every program carries
   assert {x.dtype for x in cache(engine).k + cache(engine).v} == {jnp.dtype("bfloat16")}
   wide = RolloutEngine(b, EngineConfig(**{**cfg.__dict__, "cache_dtype": "float32"}))
   assert {x.dtype for x in cache(wide).k + cache(wide).v} == {jnp.dtype("float32")}

@@ -10,8 +10,9 @@ import pytest
 
 from tests.rl.test_trainer import engine, workload
 from tlt_jax.checkpoint import Checkpointer, CheckpointError
+from tlt_jax.errors import TrainingError
 from tlt_jax.rl.grpo import GRPOConfig
-from tlt_jax.rl.trainer import LoopConfig, Trainer, TrainingError
+from tlt_jax.rl.trainer import LoopConfig, Trainer
 from tlt_jax.rl.update import OptimConfig
 
 

@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec
 from tests.spec.test_spec_engine import STOPS, _prompts, peaked_model
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.programs import Layout
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 
@@ -21,7 +22,9 @@ def main():
   cfg = dict(batch_buckets=(1, 2, 4, 8), max_batch=8, steps_per_dispatch=3, precompile=False)
   greedy = SamplingParams(temperature=0.0, max_new_tokens=20, stop_tokens=STOPS)
   prompts = _prompts(5)
-  spec = SpecConfig(arms=(Strategy("suffix", depth=3, ngram=2),), threshold=8)
+  # A strict health check retires the arm early, so plain decode programs run too.
+  spec = SpecConfig(arms=(Strategy("suffix", depth=3, ngram=2),), threshold=8,
+                    min_accept_len=1.15, health_window=16)
   out = {}
   for name, s in (("plain", None), ("suffix", spec)):
     one = RolloutEngine(model, EngineConfig(num_shards=1, **cfg), spec=s)
@@ -35,8 +38,9 @@ def main():
                          spec=spec)
   out["pallas_equal"] = bool(np.array_equal(
       a.tokens, pallas.generate(prompts, 2, greedy, jax.random.key(0)).tokens))
-  key = next(k for k in pallas.pool.keys() if k[0] == "decode")
-  fn, args, _ = pallas._in_mesh(0, pallas._decode_exe(*key[1:])[1])()
+  key = next(k for k in pallas.pool.keys() if k[0] == "decode")  # (name, shard, b, layout, params)
+  programs = pallas.programs
+  fn, args, _ = programs._in_mesh(0, programs.decode(0, key[2], Layout(*key[3:7]), key[7])[1])()
   text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   calls = [line for line in text.splitlines() if "custom_call" in line and "triton" in line]
   out["gpu_kernel_calls"] = len(calls)

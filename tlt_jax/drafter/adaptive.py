@@ -35,11 +35,16 @@ from tlt_jax.drafter.spot import SpotConfig, SpotTrainer
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
 from tlt_jax.drafter.warmup import save_drafter
 from tlt_jax.hashing import content_digest
+from tlt_jax.rollout.port import DrafterPort
 from tlt_jax.typed import typed
 
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveConfig:
+  """The adaptive drafter's settings (`config.drafter.adaptive`): its optimizer, the buffer of
+  captured segments, spot training, checked publishing, and how many of each new rollout's
+  segments check a candidate."""
+
   train: DrafterTrainConfig = DrafterTrainConfig()
   buffer: BufferConfig = BufferConfig()
   spot: SpotConfig = SpotConfig()
@@ -56,17 +61,21 @@ class AdaptiveConfig:
 
 
 class AdaptiveDrafter:
-  def __init__(self, engine, drafter, target, cfg: AdaptiveConfig, pad_id: int):
+  """The drafter that follows the changing policy, driven by the RL loop's hooks (this module's
+  docstring lists them): captured segments go into its buffer, idle rollout devices train it, and
+  a candidate that checks out on held-back segments is published to every shard."""
+
+  def __init__(self, port: DrafterPort, drafter, target, cfg: AdaptiveConfig, pad_id: int):
     if drafter.cfg.feature_layers:
       raise ValueError("The adaptive drafter trains from captured final hidden states; an "
                        "EAGLE-3 drafter fusing several layers (feature_layers) is not supported "
                        "here. Use feature_layers=() or keep that drafter frozen.")
-    self.engine, self.cfg, self.pad_id = engine, cfg, pad_id
-    self.buffer = DataBuffer(cfg.buffer, engine.model_cfg.d_model, engine.model_cfg.dtype,
-                             engine.devices[0], seed=cfg.spot.seed)
+    self.port, self.cfg, self.pad_id = port, cfg, pad_id
+    self.buffer = DataBuffer(cfg.buffer, port.hidden_width, port.hidden_dtype, port.devices[0],
+                             seed=cfg.spot.seed)
     self.spot = SpotTrainer(DrafterTrainer(drafter, target, cfg.train), self.buffer, cfg.spot,
                             pad_id)
-    self.publisher = DrafterPublisher(engine, cfg.publish)
+    self.publisher = DrafterPublisher(port, cfg.publish)
     self.in_use = self.spot.trainer.params      # the published version's parameters
     self._log_mark = 0
 
@@ -74,10 +83,8 @@ class AdaptiveDrafter:
     """Builds what the hooks run (the buffer's writes of a rollout's rows of up to
     `max_new_tokens` tokens, a spot-training step on every rollout device, the publishing
     check) before the first RL step, on empty data: nothing is trained or published."""
-    top = next(b for b in self.engine.cfg.batch_buckets if b >= self.engine.cfg.max_batch)
-    buckets = [b for b in self.engine.cfg.batch_buckets if b <= top]
-    self.buffer.warm_up(buckets, max_new_tokens, self.engine.model_cfg.dtype)
-    for device in self.engine.devices:
+    self.buffer.warm_up(list(self.port.harvest_buckets), max_new_tokens, self.port.hidden_dtype)
+    for device in self.port.devices:
       self.spot.warm_up(device)
       self.publisher.finite(jax.device_put(self.in_use, device))
     self.publisher.warm_up(self.in_use, target_params, self._holdout_batch([]))
@@ -88,11 +95,15 @@ class AdaptiveDrafter:
   # ---------------------------------------------------------------- the loop's hooks
 
   def on_shard_idle(self, shard: int, device) -> None:
-    if len(self.engine.devices) > 1:
+    """The engine's call when shard `shard` has no live row: spot training starts on `device`
+    (with one rollout device there is no idle window; `spot.budget_s` trains after the rollout)."""
+    if len(self.port.devices) > 1:
       self.spot.start(device)
 
   def after_rollout(self, prompts, group_size: int, result, step: int, policy_version: int,
                     target_params) -> dict:
+    """Stops spot training, checks and maybe publishes the candidate on held-back segments of
+    this rollout, then adds the rollout's segments to the buffer; returns the step's drafter metrics."""
     t0 = time.perf_counter()
     self.spot.preempt()
     preempt_s = time.perf_counter() - t0
@@ -125,7 +136,7 @@ class AdaptiveDrafter:
     }
     if jax.process_count() > 1:  # every process verifies with the same version and weights
       out["drafter/replicas_agree"] = distributed.same(content_digest(
-          [self.engine.weights.drafter_version]
+          [self.port.drafter_version]
           + [np.asarray(x).tobytes().hex() for x in jax.tree.leaves(self.in_use)]))
     if steps:  # figures of this step's training and candidate (absent when it did not train)
       out["drafter/loss"] = float(np.mean([r.loss for r in steps]))
@@ -141,23 +152,27 @@ class AdaptiveDrafter:
                             rows=self.cfg.holdout_rows)
 
   def after_update(self, target_params) -> None:
+    """From now on the drafter reads the new policy's embedding and head."""
     self.spot.trainer.set_target(target_params)
 
   # ---------------------------------------------------------------- state and export
 
   def state(self) -> dict:
+    """What a checkpoint keeps: the trainer's parameters and optimizer state, and the published ones."""
     return {**self.spot.trainer.state(), "in_use": self.in_use}
 
   def load_state(self, state: dict, version: int) -> None:
+    """Restores `state` and publishes its in-use parameters as drafter version `version`."""
     self.spot.trainer.load_state(state)
     self.in_use = state["in_use"]
-    self.engine.weights.set_drafter(self.in_use, version)
+    self.port.publish(self.in_use, version)
 
   def drafter(self):
     """The published drafter (what the engine uses)."""
     return nnx.merge(self.spot.trainer.graphdef, self.in_use)
 
   def export(self, directory: str, meta: dict | None = None) -> str:
+    """Saves the published drafter under `directory/drafter` (what `generate --drafter` loads)."""
     path = os.path.join(directory, "drafter")
     save_drafter(self.drafter(), path, {"version": self.publisher.version, **(meta or {})})
     return path

@@ -98,14 +98,14 @@ def draft_chain(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, k
   return jnp.stack(drafts, axis=1), jnp.stack(qs, axis=1), committed
 
 
-def tree_ancestors(parents_BxN, depth: int) -> jax.Array:
-  """`[B, N, N]` mask: node j is node i or one of its ancestors (`parents[i]` = -1: a root)."""
-  b, n = parents_BxN.shape
-  par_BxNxN = jax.nn.one_hot(parents_BxN, n, dtype=jnp.float32)  # -1: an all-zero row
+def tree_ancestors(parents_BxE, depth: int) -> jax.Array:
+  """`[B, E, E]` mask: node j is node i or one of its ancestors (`parents[i]` = -1: a root)."""
+  b, n = parents_BxE.shape
+  par_BxExE = jax.nn.one_hot(parents_BxE, n, dtype=jnp.float32)  # -1: an all-zero row
   reach = jnp.broadcast_to(jnp.eye(n, dtype=jnp.float32), (b, n, n))
   anc = reach
   for _ in range(depth):
-    reach = reach @ par_BxNxN  # reach[i, j]: j is the next ancestor up
+    reach = reach @ par_BxExE  # reach[i, j]: j is the next ancestor up
     anc = anc + reach
   return anc > 0
 
@@ -147,25 +147,8 @@ def draft_tree(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, *,
     m = 1 if level == 0 else k                     # the nodes expanded at this level
     front = jnp.arange(n_fed - m, n_fed)
     logq_BxMxR = processed_logprobs(drafter.logits(target, g[:, n_fed - m:]), params)
-    pos_B = t0_B + 1 + level
-    v = target.cfg.vocab_size
-    if greedy or rule == "coupled":
-      if greedy:
-        rank = logq_BxMxR
-      else:
-        gum_BxV = jax.vmap(lambda i, t: jax.random.gumbel(noise_key(key, i, t), (v,)))(
-            sample_ids_B, pos_B)
-        rank = logq_BxMxR + drafter.of_vocab(gum_BxV)[:, None, :]
-      top_BxMxK, idx_BxMxK = jax.lax.top_k(rank, k)
-      score = top_BxMxK if greedy else top_BxMxK - jax.nn.logsumexp(rank, -1, keepdims=True)
-    else:
-      def draw(i, t, node, j):
-        kk = jax.random.fold_in(verify.stream_key(key, i, t, verify.DRAFT_STREAM), node * k + j)
-        return jax.random.gumbel(kk, (v,))
-      gum = jax.vmap(lambda i, t: jax.vmap(lambda node: jax.vmap(
-          lambda j: draw(i, t, node, j))(jnp.arange(k)))(front))(sample_ids_B, pos_B)
-      idx_BxMxK = argmax(logq_BxMxR[:, :, None] + drafter.of_vocab(gum))
-      score = jnp.take_along_axis(logq_BxMxR, idx_BxMxK, axis=-1)
+    idx_BxMxK, score = _children(drafter, logq_BxMxR, front, k, target.cfg.vocab_size, greedy,
+                                 rule, key, sample_ids_B, t0_B + 1 + level)
     tok = drafter.token_ids(idx_BxMxK).astype(jnp.int32).reshape(b, m * k)
     cum = (fed_score[:, n_fed - m:, None] + score).reshape(b, m * k)
     par = jnp.broadcast_to(front[None, :, None], (b, m, k)).reshape(b, m * k)
@@ -185,9 +168,46 @@ def draft_tree(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, *,
       fed_cand = jnp.concatenate([fed_cand, n_cand + best.astype(jnp.int32)], axis=1)
       fed_score = jnp.concatenate([fed_score, take(cum)], axis=1)
     n_cand += m * k
+  tokens, valid, parents, depths, q = _kept_tree(
+      s0_B, c_tok, c_par, c_score, c_depth, c_q, fed_cand, n_cand,
+      n_cand if rule == "rejection" and not greedy else nodes)
+  committed = cache.replace(lengths_B=dcache.lengths_B + live_B.astype(jnp.int32))
+  return tokens, valid, parents, depths, tree_ancestors(parents, depth), q, committed
+
+
+def _children(drafter: Drafter, logq_BxMxR, front, k: int, v: int, greedy: bool, rule: str, key,
+              sample_ids_B, pos_B):
+  """The `k` children of each expanded node (draft-vocabulary indices `[B, M, K]`) and their
+  scores: greedy, the drafter's top k; under `coupled`, the top k of the drafter's distribution
+  perturbed by the position's own Gumbel noise (the target's), scored by the perturbed softmax;
+  under `rejection`, k i.i.d. draws from q on the draft stream, scored by q."""
+  if greedy or rule == "coupled":
+    if greedy:
+      rank = logq_BxMxR
+    else:
+      gum_BxV = jax.vmap(lambda i, t: jax.random.gumbel(noise_key(key, i, t), (v,)))(
+          sample_ids_B, pos_B)
+      rank = logq_BxMxR + drafter.of_vocab(gum_BxV)[:, None, :]
+    top_BxMxK, idx_BxMxK = jax.lax.top_k(rank, k)
+    return idx_BxMxK, (top_BxMxK if greedy
+                       else top_BxMxK - jax.nn.logsumexp(rank, -1, keepdims=True))
+
+  def draw(i, t, node, j):
+    kk = jax.random.fold_in(verify.stream_key(key, i, t, verify.DRAFT_STREAM), node * k + j)
+    return jax.random.gumbel(kk, (v,))
+  gum = jax.vmap(lambda i, t: jax.vmap(lambda node: jax.vmap(
+      lambda j: draw(i, t, node, j))(jnp.arange(k)))(front))(sample_ids_B, pos_B)
+  idx_BxMxK = argmax(logq_BxMxR[:, :, None] + drafter.of_vocab(gum))
+  return idx_BxMxK, jnp.take_along_axis(logq_BxMxR, idx_BxMxK, axis=-1)
+
+
+def _kept_tree(s0_B, c_tok, c_par, c_score, c_depth, c_q, fed_cand, n_cand: int, n_keep: int):
+  """The tree verified: the root, then the `n_keep` best of the `n_cand` drafted candidates by
+  cumulative score (ancestors first on ties, kept in level order), with their parent node
+  indices, validity, depths and, under `rejection`, what each was drawn from."""
+  b = s0_B.shape[0]
   tok, par, score, dep = (jnp.concatenate(x, axis=1) for x in (c_tok, c_par, c_score, c_depth))
-  n_keep = n_cand if rule == "rejection" and not greedy else nodes
-  if n_keep < n_cand:  # ancestors first on ties; kept in candidate (level) order
+  if n_keep < n_cand:
     sel = jnp.sort(jax.lax.top_k(score - 1e-6 * dep, n_keep)[1], axis=1)
   else:
     sel = jnp.broadcast_to(jnp.arange(n_cand), (b, n_cand))
@@ -204,5 +224,4 @@ def draft_tree(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, *,
   if c_q:
     q_sel = jnp.take_along_axis(jnp.concatenate(c_q, axis=1), sel[:, :, None], axis=1)
     q = jnp.concatenate([jnp.zeros_like(q_sel[:, :1]), q_sel], axis=1)
-  committed = cache.replace(lengths_B=dcache.lengths_B + live_B.astype(jnp.int32))
-  return tokens, valid, parents, depths, tree_ancestors(parents, depth), q, committed
+  return tokens, valid, parents, depths, q

@@ -20,10 +20,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from tlt_jax.rollout.port import DrafterPort
+
 
 
 @dataclasses.dataclass(frozen=True)
 class PublishConfig:
+  """How a candidate drafter is checked before it is published: the chain depth it is scored at,
+  the share of the in-use version's accepted length it must keep, and the rows' length."""
+
   depth: int = 4
   min_ratio: float = 0.8        # of the in-use version's accepted length on the same sample
   seq_len: int = 128
@@ -50,13 +55,13 @@ def teacher_forced_hits(drafter, target, toks_BxL, hidden_BxLxD, mask_BxL):
 
 
 class DrafterPublisher:
-  """Checks candidates and installs accepted ones in the engine with increasing versions."""
+  """Checks candidates and installs accepted ones on every rollout shard with increasing
+  versions, through the engine's `DrafterPort`."""
 
-  def __init__(self, engine, cfg: PublishConfig):
-    self.engine, self.cfg = engine, cfg
+  def __init__(self, port: DrafterPort, cfg: PublishConfig):
+    self.port, self.cfg = port, cfg
     self.events: list[dict] = []
-    graphdef = engine.dgraphdef
-    tgraphdef = engine.graphdef
+    graphdef, tgraphdef = port.drafter_graphdef, port.target_graphdef
 
     @jax.jit
     def hits(dparams, tparams, toks, hidden, mask):
@@ -67,18 +72,19 @@ class DrafterPublisher:
   @property
   def version(self) -> int:
     """The drafter version in use: the engine's weight store keeps the one counter."""
-    return self.engine.weights.drafter_version
+    return self.port.drafter_version
 
   def accept_len(self, dparams, target_params, batch) -> float:
     """Estimated accepted length of drafter `dparams` on a packed batch of held-back segments
     (`DataBuffer.pack`: tokens, hidden states, mask)."""
     toks, hidden, mask = batch
-    put = lambda t: jax.device_put(t, self.engine.devices[0])  # wherever they were trained
+    put = lambda t: jax.device_put(t, self.port.devices[0])  # wherever they were trained
     h, v = self._hits(put(dparams), put(target_params), toks, hidden, mask)
     return chain_accept_len(np.asarray(h), np.asarray(v), self.cfg.depth)
 
   @staticmethod
   def finite(params) -> bool:
+    """Whether every parameter is finite."""
     return all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params))
 
   def warm_up(self, dparams, target_params, batch) -> None:
@@ -110,5 +116,5 @@ class DrafterPublisher:
     if not event["accepted"]:
       logging.warning("drafter version %d refused: %s", self.version + 1, event["reason"])
       return False
-    self.engine.weights.set_drafter(candidate)
+    self.port.publish(candidate)
     return True

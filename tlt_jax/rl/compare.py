@@ -56,6 +56,7 @@ def heldout_change(run_dir: str) -> dict:
 
 
 def amdahl_bound(share: float, rollout_speedup: float) -> float:
+  """The end-to-end speedup a rollout speedup allows when the rollout is `share` of a step."""
   return 1.0 / ((1.0 - share) + share / rollout_speedup)
 
 

@@ -38,10 +38,12 @@ class DAPOConfig(GRPOConfig):
       raise ValueError("max_rounds, overlong_buffer and overlong_penalty must be >= 0.")
 
   def keep_groups(self, rewards_PxG: np.ndarray) -> np.ndarray:
+    """The groups whose task rewards are not all equal (the others have zero advantage)."""
     return rewards_PxG.max(axis=1) > rewards_PxG.min(axis=1)
 
   def shape_rewards(self, rewards_R: np.ndarray, lengths_R: np.ndarray,
                     max_new_tokens: int) -> np.ndarray:
+    """The task's rewards plus the soft overlong penalty."""
     return rewards_R + overlong_penalty(lengths_R, max_new_tokens, self.overlong_buffer,
                                         self.overlong_penalty)
 

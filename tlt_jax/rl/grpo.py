@@ -24,9 +24,12 @@ class GroupRelative(Learner):
   non-negative clips and KL weight."""
 
   def advantages(self, rewards_R: jax.Array, group_size: int) -> jax.Array:
+    """Each row's reward relative to its group's (divided by the group's std when
+    `normalize_std`)."""
     return group_advantages(rewards_R, group_size, self.normalize_std)
 
   def check(self) -> None:
+    """Raises on negative clips or KL weight."""
     if self.clip_low < 0 or self.clip_high < 0 or self.kl_coef < 0:
       raise ValueError("clip_low, clip_high and kl_coef must be >= 0.")
 
@@ -57,9 +60,12 @@ class GRPOConfig(GroupRelative):
 
   def loss(self, logp_RxN, old_logp_RxN, adv_R, mask_RxN, ref_logp_RxN=None,
            entropy_RxN=None) -> tuple[jax.Array, dict]:
+    """GRPO's clipped surrogate with the KL term (`grpo_loss`)."""
     return grpo_loss(logp_RxN, old_logp_RxN, adv_R, mask_RxN, self, ref_logp_RxN, entropy_RxN)
 
   def micro_weight(self, rows: int, tokens: float, mb_rows: int, mb_tokens: float) -> float:
+    """A micro-batch's share of the batch's loss: rows for sequence aggregation, tokens for
+    token aggregation, 1 for a constant denominator."""
     if self.aggregation == "sequence":
       return mb_rows / rows                 # the mean over rows
     if self.max_len_norm:
@@ -101,11 +107,8 @@ def grpo_loss(logp_RxN, old_logp_RxN, adv_R, mask_RxN, cfg: GRPOConfig,
   adv = adv_R[:, None]
   clipped = jnp.clip(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
   per_tok = -jnp.minimum(ratio * adv, clipped * adv)
-  if ref_logp_RxN is not None and cfg.kl_coef > 0:
-    kl = k3_kl(ref_logp_RxN, logp_RxN)
-    per_tok = per_tok + cfg.kl_coef * kl
-  else:
-    kl = jnp.zeros_like(per_tok)
+  kl = kl_RxN(ref_logp_RxN, logp_RxN, cfg.kl_coef)
+  per_tok = per_tok + cfg.kl_coef * kl
   if cfg.aggregation == "token":
     denom = cfg.max_len_norm if cfg.max_len_norm else jnp.maximum(mask.sum(), 1.0)
     loss = jnp.sum(per_tok * mask) / denom
@@ -113,12 +116,22 @@ def grpo_loss(logp_RxN, old_logp_RxN, adv_R, mask_RxN, cfg: GRPOConfig,
     per_seq = jnp.sum(per_tok * mask, axis=1) / jnp.maximum(mask.sum(axis=1), 1.0)
     loss = per_seq.mean()
   n = jnp.maximum(mask.sum(), 1.0)
-  metrics = {
-      "loss": loss,
-      "clip_fraction": jnp.sum((jnp.abs(ratio - clipped) > 1e-6) * mask) / n,
-      "kl": jnp.sum(kl * mask) / n,
-      "ratio_mean": jnp.sum(ratio * mask) / n,
-  }
+  return loss, {"loss": loss,
+                "clip_fraction": jnp.sum((jnp.abs(ratio - clipped) > 1e-6) * mask) / n,
+                "ratio_mean": jnp.sum(ratio * mask) / n, **token_metrics(mask, kl, entropy_RxN)}
+
+
+def kl_RxN(ref_logp_RxN, logp_RxN, kl_coef: float) -> jax.Array:
+  """The per-token KL estimate to the reference (k3); zeros when the term is off."""
+  if ref_logp_RxN is None or kl_coef <= 0:
+    return jnp.zeros_like(logp_RxN)
+  return k3_kl(ref_logp_RxN, logp_RxN)
+
+
+def token_metrics(mask_RxN, kl_RxN_, entropy_RxN=None) -> dict:
+  """The token means every learner reports beside its own: `kl` and, when given, `entropy`."""
+  n = jnp.maximum(mask_RxN.sum(), 1.0)
+  out = {"kl": jnp.sum(kl_RxN_ * mask_RxN) / n}
   if entropy_RxN is not None:
-    metrics["entropy"] = jnp.sum(entropy_RxN * mask) / n
-  return loss, metrics
+    out["entropy"] = jnp.sum(entropy_RxN * mask_RxN) / n
+  return out

@@ -14,7 +14,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from tlt_jax.rl.grpo import GroupRelative, k3_kl
+from tlt_jax.rl.grpo import GroupRelative, kl_RxN, token_metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,22 +40,13 @@ class GSPOConfig(GroupRelative):
     ratio_R = jnp.exp(jnp.sum((logp_RxN - old_logp_RxN) * mask, axis=1) / len_R)
     clipped_R = jnp.clip(ratio_R, 1.0 - self.clip_low, 1.0 + self.clip_high)
     per_seq = -jnp.minimum(ratio_R * adv_R, clipped_R * adv_R)
-    if ref_logp_RxN is not None and self.kl_coef > 0:
-      kl = k3_kl(ref_logp_RxN, logp_RxN)
-      per_seq = per_seq + self.kl_coef * jnp.sum(kl * mask, axis=1) / len_R
-    else:
-      kl = jnp.zeros_like(mask)
-    loss = per_seq.mean()
-    n = jnp.maximum(mask.sum(), 1.0)
-    metrics = {
-        "loss": loss,
-        "clip_fraction": jnp.mean((jnp.abs(ratio_R - clipped_R) > 1e-9).astype(jnp.float32)),
-        "kl": jnp.sum(kl * mask) / n,
-        "ratio_mean": ratio_R.mean(),
-    }
-    if entropy_RxN is not None:
-      metrics["entropy"] = jnp.sum(entropy_RxN * mask) / n
-    return loss, metrics
+    kl = kl_RxN(ref_logp_RxN, logp_RxN, self.kl_coef)
+    loss = (per_seq + self.kl_coef * jnp.sum(kl * mask, axis=1) / len_R).mean()
+    return loss, {"loss": loss,
+                  "clip_fraction": jnp.mean((jnp.abs(ratio_R - clipped_R) > 1e-9)
+                                            .astype(jnp.float32)),
+                  "ratio_mean": ratio_R.mean(), **token_metrics(mask, kl, entropy_RxN)}
 
   def micro_weight(self, rows: int, tokens: float, mb_rows: int, mb_tokens: float) -> float:
+    """A micro-batch's share of rows (the loss is a mean over sequences)."""
     return mb_rows / rows  # the loss is a mean over sequences

@@ -9,7 +9,15 @@ runs after the last step; `close` always runs, also after a fault.
 
 from __future__ import annotations
 
+import os
+
+import numpy as np
+from flax import nnx
+
 from tlt_jax import distributed
+from tlt_jax.evaluation import group_stats
+from tlt_jax.models.pretrained import save_pretrained
+from tlt_jax.rl import resume
 from tlt_jax.rl.metrics import RunWriter
 
 
@@ -17,18 +25,23 @@ class Hook:
   """A hook that does nothing at every point; hooks override the points they use."""
 
   def before_step(self, trainer) -> dict:
+    """Metrics to join the coming step's (runs before it)."""
     return {}
 
   def after_step(self, trainer) -> dict:
+    """Metrics to join the step's, after it ran."""
     return {}
 
   def after_record(self, trainer) -> None:
+    """What must follow the step's records on disk."""
     pass
 
   def at_end(self, trainer, history: list[dict]) -> None:
+    """After the last step, with this call's step records."""
     pass
 
   def close(self, trainer) -> None:
+    """Always, when the loop ends (also after a fault)."""
     pass
 
 
@@ -40,17 +53,36 @@ class Evaluation(Hook):
     self.writer, self.every = writer, every
 
   def _evaluate(self, trainer, final: bool) -> dict:
-    metrics, per_prompt = trainer.evaluate()
+    metrics, per_prompt = evaluate(trainer)
     self.writer.evaluation(trainer.step, final, per_prompt)
     return metrics
 
   def before_step(self, trainer) -> dict:
+    """Held-out figures at every `every`-th step, from step 0."""
     return self._evaluate(trainer, False) if trainer.step % self.every == 0 else {}
 
   def after_step(self, trainer) -> dict:
+    """Held-out figures after the last step (`final_eval/...`)."""
     if trainer.step != trainer.steps:
       return {}
     return {f"final_{k}": v for k, v in self._evaluate(trainer, True).items()}
+
+
+_EVAL_KEY = 1_000_003  # folded into the run key for held-out evaluation: never a training key
+
+
+def evaluate(trainer) -> tuple[dict, list[float]]:
+  """Held-out accuracy of `trainer`'s current policy (a fixed key: the same samples' noise every
+  time) with `evaluation.group_stats`' figures, and each held-out prompt's accuracy (what a
+  paired before/after comparison needs)."""
+  g = trainer.loop.eval_group_size
+  res = trainer.generate(trainer.eval_prompts, g, trainer.key(_EVAL_KEY)).whole
+  rewards = np.array([trainer.w.reward_fn(res.response(i), trainer.eval_answers[i // g])
+                      for i in range(len(res.lengths))], np.float32)
+  correct_NxG = (rewards >= 1.0).reshape(-1, g).astype(np.float32)
+  stats = group_stats(correct_NxG, res.lengths)  # accuracy, lengths, mixed-reward groups
+  return ({f"eval/{k}": v for k, v in stats.items()} | {"eval/reward": float(rewards.mean())},
+          correct_NxG.mean(axis=1).tolist())
 
 
 class Checkpoints(Hook):
@@ -60,24 +92,47 @@ class Checkpoints(Hook):
     self.every = every
 
   def after_record(self, trainer) -> None:
+    """A checkpoint every `every` steps and after the last."""
     if trainer.step % self.every == 0 or trainer.step == trainer.steps:
-      trainer.save()
+      resume.save(trainer)
 
   def close(self, trainer) -> None:
+    """Waits for the last checkpoint's write."""
     trainer.ckpt.wait()
 
 
 class Export(Hook):
-  """The final policy (and adaptive drafter) as loadable folders after the last step."""
+  """After the last step, the final policy as a Hugging Face folder and, with an adaptive
+  drafter, the drafter next to it (orbax + config), in `out_dir/export`:
+  `experiments.generate --model=DIR/policy --drafter=DIR/drafter`."""
 
   def at_end(self, trainer, history: list[dict]) -> None:
-    if history and distributed.is_writer():
-      print(f"[trainer] exported the final policy (and drafter) to "
-            f"{trainer.export_artifacts()}")
+    """Writes the export, on process 0, when the run trained."""
+    if not history or not distributed.is_writer():
+      return
+    directory = os.path.join(trainer.out_dir, "export")
+    save_pretrained(nnx.merge(trainer.updater.graphdef, trainer.policy), trainer.w.tokenizer,
+                    os.path.join(directory, "policy"))
+    if trainer.adaptive is not None:
+      trainer.adaptive.export(directory, {"rl_step": trainer.step})
+    print(f"[trainer] exported the final policy (and drafter) to {directory}")
 
 
 class StopSpotTraining(Hook):
   """Preempts the adaptive drafter's spot trainer when the loop ends, however it ends."""
 
   def close(self, trainer) -> None:
+    """Preempts any open spot-training window."""
     trainer.adaptive.spot.preempt()
+
+
+def loop_hooks(trainer, writer: RunWriter) -> list[Hook]:
+  """The hooks `trainer`'s settings ask for, in the order they run."""
+  hooks: list[Hook] = [StopSpotTraining()] if trainer.adaptive is not None else []
+  if trainer.eval_prompts is not None and trainer.loop.eval_every > 0:
+    hooks.append(Evaluation(writer, trainer.loop.eval_every))
+  if trainer.ckpt is not None:
+    hooks.append(Checkpoints(trainer.loop.checkpoint_every))
+  if trainer.loop.export:
+    hooks.append(Export())
+  return hooks

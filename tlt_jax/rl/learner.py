@@ -7,9 +7,6 @@ and how many top-up rounds it may draw to replace the rest (`keep_groups`, `max_
 advantages, the loss, and the weight of a micro-batch's loss in the batch's. A new learner is a
 frozen dataclass subclassing `Learner` (its fields are its settings, `rl.<name>` in a config),
 added to `rl/learners.py`.
-
-Shapes: `R` rows (responses), `P` prompts of `G` rows each (a prompt's rows are contiguous), `N`
-response tokens per row.
 """
 
 from __future__ import annotations

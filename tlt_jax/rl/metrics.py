@@ -40,9 +40,11 @@ class RunWriter:
         self._tb.add_scalar(k, v, metrics["step"])
 
   def evaluation(self, step: int, final: bool, per_prompt_accuracy: list[float]) -> None:
+    """An evaluation's per-prompt accuracy at `step` (`final`: after the last step)."""
     self._line(EVALS, {"step": step, "final": final, "per_prompt_accuracy": per_prompt_accuracy})
 
   def close(self) -> None:
+    """Flushes and closes the files."""
     if self._tb is not None:
       self._tb.close()
     for f in self._files.values():

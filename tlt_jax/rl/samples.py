@@ -1,8 +1,5 @@
 """A step's samples: the rows of one or more rollout rounds with their rewards, the groups a
 learner keeps, and the update's packed arrays.
-
-Shapes: `P` prompts of `G` rows each (a prompt's rows are contiguous), `R = P x G` rows, `N`
-response tokens per row (the rollout's `max_new_tokens`), `L = prompt bucket + N` columns.
 """
 
 from __future__ import annotations
@@ -29,9 +26,11 @@ class Samples:
 
   @property
   def num_groups(self) -> int:
+    """Prompt groups held."""
     return len(self.prompts_P)
 
   def rewards_PxG(self) -> np.ndarray:
+    """The task's rewards, one row per group."""
     return self.rewards_R.reshape(-1, self.group_size)
 
   def groups(self, which_P) -> "Samples":
@@ -48,6 +47,7 @@ class Samples:
 
   @staticmethod
   def concat(parts: list["Samples"]) -> "Samples":
+    """The groups of `parts`, in order."""
     g = parts[0].group_size
     return Samples(sum((p.prompts_P for p in parts), []), sum((p.answers_P for p in parts), []),
                    g, sum((p.responses for p in parts), []),

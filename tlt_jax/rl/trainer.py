@@ -35,28 +35,24 @@ from tqdm import tqdm
 
 from tlt_jax import distributed
 from tlt_jax.checkpoint import Checkpointer
+from tlt_jax.errors import ConfigError, TrainingError
 from tlt_jax.drafter.adaptive import AdaptiveDrafter
 from tlt_jax.drafter.proposer import as_proposer
-from tlt_jax.errors import ConfigError
 from tlt_jax.evaluation import group_stats
-from tlt_jax.models.pretrained import save_pretrained
 from tlt_jax.models.sharding import make_mesh
-from tlt_jax.rl.hooks import Checkpoints, Evaluation, Export, Hook, StopSpotTraining
+from tlt_jax.rl import resume
+from tlt_jax.rl.hooks import loop_hooks
 from tlt_jax.rl.learner import Learner
 from tlt_jax.rl.metrics import RunWriter, rollout_record, tail_seconds
 from tlt_jax.rl.samples import Samples, select_groups
 from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater, rollout_update
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.programs import bucket_for
 from tlt_jax.rollout.spread import Spread, generate_spread, warm_up_spread
 from tlt_jax.spec.strategy import SpecConfig
 
-_EVAL_KEY = 1_000_003  # folded into the run key for held-out evaluation: never a training key
 _UPDATE_ORDER = 1_000_033  # with (seed, step): the update's shuffle of a batch into mini-batches
-
-
-class TrainingError(RuntimeError):
-  """The run stopped on a fault (e.g. a non-finite loss); the last good checkpoint is intact."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +94,39 @@ class LoopConfig:
       raise ValueError("checkpoint_every and eval_every must be >= 0 (0: off), keep >= 1.")
 
 
+def check_layout(loop: LoopConfig, engine_cfg: EngineConfig, pool: list, eval_prompts):
+  """The update's mesh and the prompts' prefill bucket; raises a one-line error where the
+  loop's layout does not fit the prompts, the processes or the devices."""
+  procs, rows = jax.process_count(), loop.prompts_per_step * loop.group_size
+  if loop.prompts_per_step > len(pool):
+    raise ValueError(f"prompts_per_step={loop.prompts_per_step} exceeds the prompt pool "
+                     f"({len(pool)}); raise num_prompts or lower prompts_per_step.")
+  for what, n in (("loop.prompts_per_step", loop.prompts_per_step),
+                  ("eval_prompts", len(eval_prompts or []))):
+    if n % procs:
+      raise ConfigError(f"{what}={n} does not split evenly over the {procs} processes (each "
+                        f"generates an equal share); use a multiple of {procs}.")
+  longest = max(len(p) for p in pool)
+  try:
+    bucket = bucket_for(longest, engine_cfg.prefill_buckets)
+  except ValueError:
+    raise ValueError(f"The longest prompt ({longest} tokens) exceeds every prefill bucket "
+                     f"{engine_cfg.prefill_buckets}; add a larger bucket to "
+                     "engine.prefill_buckets.") from None
+  try:  # the layouts against the devices this process has: a bad one is a config error
+    mesh = make_mesh(*loop.mesh_shape)
+  except ValueError as e:
+    raise ConfigError(f"config.train.mesh_shape={tuple(loop.mesh_shape)}: {e}") from None
+  split = loop.mini_batches * loop.micro_batches * mesh.devices.size
+  if rows % split:
+    raise ConfigError(
+        f"config.train: prompts_per_step x group_size = {rows} rows do not split into "
+        f"{loop.mini_batches} mini-batch(es) of {loop.micro_batches} micro-batch(es) over the "
+        f"update's {mesh.devices.size} devices ({procs} process(es) x mesh_shape "
+        f"{tuple(loop.mesh_shape)}); use a multiple of {split} rows.")
+  return mesh, bucket
+
+
 class Trainer:
   """One RL run of `loop`'s settings with `learner`'s algorithm on `workload`'s prompts (or
   `prompt_pool` with `answers`); `eval_prompts` (with answers) are scored every
@@ -114,33 +143,7 @@ class Trainer:
     self.prompts_per_step, self.group_size, self.seed = prompts_per_step, group_size, loop.seed
     self.pool_prompts = prompt_pool if prompt_pool is not None else workload.prompts
     self.pool_answers = answers if answers is not None else workload.answers
-    if prompts_per_step > len(self.pool_prompts):
-      raise ValueError(f"prompts_per_step={prompts_per_step} exceeds the prompt pool "
-                       f"({len(self.pool_prompts)}); raise num_prompts or lower prompts_per_step.")
-    procs = jax.process_count()
-    for what, n in (("loop.prompts_per_step", prompts_per_step),
-                    ("eval_prompts", len(eval_prompts or []))):
-      if n % procs:
-        raise ConfigError(f"{what}={n} does not split evenly over the {procs} processes (each "
-                          f"generates an equal share); use a multiple of {procs}.")
-    self.prompt_bucket = next((b for b in engine_cfg.prefill_buckets
-                               if b >= max(len(p) for p in self.pool_prompts)), None)
-    if self.prompt_bucket is None:
-      raise ValueError(f"The longest prompt ({max(len(p) for p in self.pool_prompts)} tokens) "
-                       f"exceeds every prefill bucket {engine_cfg.prefill_buckets}; add a "
-                       "larger bucket to engine.prefill_buckets.")
-    try:  # the layouts against the devices this process has: a bad one is a config error
-      mesh = make_mesh(*loop.mesh_shape)
-    except ValueError as e:
-      raise ConfigError(f"config.train.mesh_shape={tuple(loop.mesh_shape)}: {e}") from None
-    rows = prompts_per_step * group_size
-    split = loop.mini_batches * loop.micro_batches * mesh.devices.size
-    if rows % split:
-      raise ConfigError(
-          f"config.train: prompts_per_step x group_size = {rows} rows do not split into "
-          f"{loop.mini_batches} mini-batch(es) of {loop.micro_batches} micro-batch(es) over the "
-          f"update's {mesh.devices.size} devices ({procs} process(es) x mesh_shape "
-          f"{tuple(loop.mesh_shape)}); use a multiple of {split} rows.")
+    mesh, self.prompt_bucket = check_layout(loop, engine_cfg, self.pool_prompts, eval_prompts)
     self.updater = PolicyUpdater(workload.model, mesh, learner, optim, workload.params,
                                  loop.micro_batches)
     # The policy as the rollout reads it: whole on this process's first device of the mesh.
@@ -157,8 +160,8 @@ class Trainer:
     if adaptive is not None:
       if drafter is None:
         raise ValueError("An adaptive drafter needs a drafter to start from (the warm-up one).")
-      self.adaptive = AdaptiveDrafter(self.engine, drafter, workload.model, adaptive,
-                                      workload.tokenizer.pad_id)
+      self.adaptive = AdaptiveDrafter(self.engine.drafter_port(), drafter, workload.model,
+                                      adaptive, workload.tokenizer.pad_id)
     self.eval_prompts, self.eval_answers = eval_prompts, eval_answers
     self.ckpt_dir = os.path.join(self.out_dir, "checkpoints")
     self.ckpt = Checkpointer(self.ckpt_dir, keep=loop.keep) if loop.checkpoint_every else None
@@ -173,20 +176,7 @@ class Trainer:
     rng = np.random.default_rng([self.seed, step, round_] if round_ else [self.seed, step])
     return rng.choice(len(self.pool_prompts), self.prompts_per_step, replace=False)
 
-  def evaluate(self) -> tuple[dict, list[float]]:
-    """Held-out accuracy of the current policy (fixed key: the same samples' noise every time)
-    with `evaluation.group_stats`' figures, and each held-out prompt's accuracy (what a paired
-    before/after comparison needs)."""
-    g = self.loop.eval_group_size
-    res = self._generate(self.eval_prompts, g, self._key(_EVAL_KEY)).whole
-    rewards = np.array([self.w.reward_fn(res.response(i), self.eval_answers[i // g])
-                        for i in range(len(res.lengths))], np.float32)
-    correct_NxG = (rewards >= 1.0).reshape(-1, g).astype(np.float32)
-    stats = group_stats(correct_NxG, res.lengths)  # accuracy, lengths, mixed-reward groups
-    return ({f"eval/{k}": v for k, v in stats.items()} | {"eval/reward": float(rewards.mean())},
-            correct_NxG.mean(axis=1).tolist())
-
-  def _generate(self, prompts, group_size: int, key, **kw) -> Spread:
+  def generate(self, prompts, group_size: int, key, **kw) -> Spread:
     """The rollout of `prompts`, this process's share on its devices (`generate_spread`),
     its gather counted in the step's collective figures."""
     spread = generate_spread(self.engine, prompts, group_size, self.w.params, key, **kw)
@@ -194,7 +184,8 @@ class Trainer:
     self._collective_bytes += spread.collective_bytes
     return spread
 
-  def _key(self, data: int) -> jax.Array:
+  def key(self, data: int) -> jax.Array:
+    """The run's key for `data` (a step, or a fixed number for evaluation)."""
     return jax.random.fold_in(jax.random.key(self.seed), data)
 
   def warm_up(self, progress: bool = True) -> dict:
@@ -219,7 +210,7 @@ class Trainer:
                          self.w.params.max_new_tokens, off_policy=off_policy)
     self.updater.learner.advantages(jnp.asarray(np.zeros(rows, np.float32)),
                                     self.group_size)  # as a step converts its rewards
-    self._key(0)
+    self.key(0)
     if ad is not None:
       ad.warm_up(self.policy, self.w.params.max_new_tokens)
     return {"warmup_s": round(time.perf_counter() - start, 3), "warmup_programs": built.events}
@@ -244,7 +235,7 @@ class Trainer:
         self.updater, batch, chosen.logprobs_RxN, self.loop.mini_batches, self.loop.update_epochs,
         np.random.default_rng([self.seed, self.step, _UPDATE_ORDER]))
     t_sync = time.perf_counter()
-    self._sync_policy()
+    self.sync_policy()
     t_sync = time.perf_counter() - t_sync
     if self.adaptive is not None:
       self.adaptive.after_update(self.policy)
@@ -277,11 +268,11 @@ class Trainer:
     """Round `round_` of this step's rollout (0: the step's own; later ones: top-ups), scored
     by the task's reward."""
     idx = self._batch_indices(self.step, round_)
-    key = self._key(self.step)
+    key = self.key(self.step)
     if round_:
       key = jax.random.fold_in(key, round_)
     prompts, g = [self.pool_prompts[i] for i in idx], self.group_size
-    spread = self._generate(prompts, g, key, capture_hidden=self.adaptive is not None, **kw)
+    spread = self.generate(prompts, g, key, capture_hidden=self.adaptive is not None, **kw)
     res = spread.whole
     answers = [self.pool_answers[i] for i in idx]
     rewards = np.array([self.w.reward_fn(res.response(i), answers[i // g])
@@ -319,7 +310,7 @@ class Trainer:
                     "top_up_rounds": len(rounds) - 1,
                     "pool_dry": float(kept < self.prompts_per_step)}
 
-  def _sync_policy(self) -> None:
+  def sync_policy(self) -> None:
     """The updated policy onto this process's rollout shards (`self.policy`: whole on its first
     device): with several processes, one all-gather over the update's mesh first."""
     t0 = time.perf_counter()
@@ -329,71 +320,6 @@ class Trainer:
       self._collective_s += time.perf_counter() - t0
       self._collective_bytes += sum(x.nbytes for x in jax.tree.leaves(self.policy))
     self.engine.weights.set_policy(self.policy)
-
-  def _checkpoint_state(self) -> dict:
-    state = {"params": self.updater.params, "opt": self.updater.opt_state}
-    if self.updater.ref_params is not None:  # the KL term's reference survives a resume
-      state["ref_params"] = self.updater.ref_params
-    if self.adaptive is not None:  # the same on every process: saved once, over the mesh
-      state["drafter"] = distributed.spanning(self.adaptive.state(), self.updater.mesh)
-    return state
-
-  def save(self) -> None:
-    self.ckpt.save(self.step, self._checkpoint_state(),
-                   {"step": self.step, "seed": self.seed, "update_count": self.updater.step_count,
-                    "drafter_version": self.engine.weights.drafter_version,
-                    "data_iterator": {"kind": "step-addressed", "next_step": self.step}})
-
-  def restore(self) -> bool:
-    """Resumes from the latest checkpoint if the run directory has one; a damaged or mismatched
-    checkpoint raises `CheckpointError` (never a silent fresh start)."""
-    if self.ckpt is None:
-      if os.path.isdir(self.ckpt_dir) and os.listdir(self.ckpt_dir):
-        raise TrainingError(
-            f"{self.out_dir} holds checkpoints but checkpoint_every is 0: resuming would be "
-            "skipped. Set checkpoint_every > 0 to resume, or use a new out_dir.")
-      return False
-    if self.ckpt.latest_step() is None:
-      return False
-    state, meta, _ = self.ckpt.restore(self._checkpoint_state())
-    if int(meta.get("seed", self.seed)) != self.seed:
-      raise TrainingError(f"The checkpoint in {self.ckpt_dir} was written with seed "
-                          f"{meta['seed']} but the config says {self.seed}; use the same seed to "
-                          "resume, or a new out_dir.")
-    self.updater.params, self.updater.opt_state = state["params"], state["opt"]
-    if "ref_params" in state:
-      self.updater.ref_params = state["ref_params"]
-    self.updater.step_count = int(meta.get("update_count", meta["step"]))
-    self.step = int(meta["step"])
-    self._sync_policy()
-    if self.adaptive is not None:
-      drafter = distributed.local_copy(state["drafter"], self.updater.mesh)
-      self.adaptive.load_state(drafter, int(meta.get("drafter_version", 0)))
-      self.adaptive.after_update(self.policy)
-    return True
-
-  def export_artifacts(self) -> str:
-    """The final policy as a Hugging Face folder and, with an adaptive drafter, the drafter next
-    to it (orbax + config): `experiments.generate --model=DIR/policy --drafter=DIR/drafter`."""
-    directory = os.path.join(self.out_dir, "export")
-    if not distributed.is_writer():
-      return directory
-    save_pretrained(nnx.merge(self.updater.graphdef, self.policy), self.w.tokenizer,
-                    os.path.join(directory, "policy"))
-    if self.adaptive is not None:
-      self.adaptive.export(directory, {"rl_step": self.step})
-    return directory
-
-  def hooks(self, writer: RunWriter) -> list[Hook]:
-    """The loop's hooks for this run's settings, in the order they run."""
-    hooks: list[Hook] = [StopSpotTraining()] if self.adaptive is not None else []
-    if self.eval_prompts is not None and self.loop.eval_every > 0:
-      hooks.append(Evaluation(writer, self.loop.eval_every))
-    if self.ckpt is not None:
-      hooks.append(Checkpoints(self.loop.checkpoint_every))
-    if self.loop.export:
-      hooks.append(Export())
-    return hooks
 
   def _checked_step(self) -> tuple[dict, dict]:
     """`train_step`, with a non-finite loss turned into a `TrainingError` that says what the
@@ -412,14 +338,14 @@ class Trainer:
     returns this call's step records. Each record's `compile_events` counts every XLA program
     built during its step and evaluations (0 after a complete warm-up)."""
     progress = progress and distributed.is_writer()
-    resumed = self.restore()
+    resumed = resume.restore(self)
     if self.step < self.steps:
       self.warmup_report = self.warm_up(progress)
       if distributed.is_writer():
         with open(os.path.join(self.out_dir, "warmup.json"), "w") as f:
           json.dump(self.warmup_report, f)
     writer = RunWriter(self.out_dir, resumed, enabled=distributed.is_writer())
-    hooks = self.hooks(writer)
+    hooks = loop_hooks(self, writer)
     history = []
     bar = tqdm(range(self.step, self.steps), desc=self.updater.learner.name,
                disable=not progress, initial=self.step, total=self.steps)

@@ -26,6 +26,9 @@ from tlt_jax.rl.learner import Learner
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
+  """The policy's optimizer (`config.rl.optim`): AdamW after global-norm clipping, a linear
+  warm-up then cosine decay to `end_lr_fraction` over `total_steps` optimizer steps."""
+
   lr: float = 1e-5
   warmup_steps: int = 5
   total_steps: int = 100
@@ -48,6 +51,7 @@ class OptimConfig:
         raise ValueError(f"{what}; got {self}.")
 
   def optimizer(self) -> optax.GradientTransformation:
+    """AdamW with these settings."""
     return optim.adamw(self.lr, warmup_steps=self.warmup_steps, total_steps=self.total_steps,
                        end_lr_fraction=self.end_lr_fraction, b1=self.b1, b2=self.b2,
                        weight_decay=self.weight_decay, clip=self.clip)
@@ -138,14 +142,17 @@ class PolicyUpdater:
 
   def _groups(self, tokens_RxL: np.ndarray, prompt_len_R: np.ndarray, mask_RxN: np.ndarray):
     """`[(rows, sequence width, response width), ...]`: the micro-batches."""
-    devices = self.mesh.devices.size
     rows, n = mask_RxN.shape
-    if rows % (self.micro * devices):
-      raise ValueError(f"{rows} rows do not split into {self.micro} micro-batches over "
-                       f"{devices} devices; use a multiple of {self.micro * devices}.")
+    self._check_rows(rows)
     used_R = np.asarray(prompt_len_R) + np.asarray(mask_RxN).sum(axis=1).astype(np.int64)
     return [(idx, t, min(n, t))
             for idx, t in length_groups(used_R, self.micro, tokens_RxL.shape[1])]
+
+  def _check_rows(self, rows: int) -> None:
+    devices = self.mesh.devices.size
+    if rows % (self.micro * devices):
+      raise ValueError(f"{rows} rows do not split into {self.micro} micro-batches over "
+                       f"{devices} devices; use a multiple of {self.micro * devices}.")
 
   def _put(self, arrays: PolicyBatch) -> PolicyBatch:
     """Host rows (the same on every process) split over the mesh, which may span processes."""
@@ -212,6 +219,7 @@ class PolicyUpdater:
     return metrics, lp
 
   def model(self):
+    """The policy with the current parameters."""
     return nnx.merge(self.graphdef, self.params)
 
   def warm_up(self, rows: int, prompt_width: int, n: int, off_policy: bool = False) -> int:
@@ -222,10 +230,7 @@ class PolicyUpdater:
     them. Runs them on zeros and applies nothing. Returns the number of widths."""
     widths = update_widths(prompt_width + n)
     mb_rows = rows // self.micro
-    if rows % (self.micro * self.mesh.devices.size):
-      raise ValueError(f"{rows} rows do not split into {self.micro} micro-batches over "
-                       f"{self.mesh.devices.size} devices; use a multiple of "
-                       f"{self.micro * self.mesh.devices.size}.")
+    self._check_rows(rows)
     grads = jax.tree.map(jnp.zeros_like, self.params)
     metrics = None
     for t in widths:

@@ -71,8 +71,10 @@ class Since:
 
   @property
   def events(self) -> int:
+    """XLA programs built since this object was made."""
     return totals()[0] - self._events
 
   @property
   def seconds(self) -> float:
+    """Seconds spent building them."""
     return totals()[1] - self._seconds

@@ -29,6 +29,7 @@ class Generation:
   stopped: np.ndarray
 
   def response(self, i: int) -> list[int]:
+    """Row `i`'s response tokens, up to its length."""
     return self.tokens[i, : self.lengths[i]].tolist()
 
 

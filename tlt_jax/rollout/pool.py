@@ -47,6 +47,8 @@ def configure_compilation_cache(directory: str) -> None:
 
 @dataclasses.dataclass
 class CompileEvent:
+  """One executable the pool built: compiled, loaded from its cache, or moved from a twin."""
+
   key: Hashable
   seconds: float
   at: float
@@ -221,9 +223,11 @@ class ExecutablePool:
     return len(self._compiled)
 
   def keys(self) -> list:
+    """The keys of the executables held."""
     return list(self._compiled)
 
   def report(self) -> dict:
+    """How many executables were compiled, loaded or moved, and the seconds each took."""
     return {"executables": len(self._compiled),
             "compile_s": round(sum(e.seconds for e in self.events), 3),
             "loaded_from_cache": sum(e.loaded for e in self.events),

@@ -7,7 +7,7 @@ compile every program again. `relocate` serialises an executable and loads it ba
 other shard's device assignment instead: milliseconds instead of a compile.
 
 It reaches into JAX's executable serialisation (`jax.experimental.serialize_executable` and the
-compile options of `jax._src.compiler`); a JAX version where that fails makes `relocate` raise,
+compile options of `tlt_jax.jax_private`); a JAX version where that fails makes `relocate` raise,
 and the pool then compiles as before. On CPU an executable that was itself deserialised does not
 serialise whole (its functions go missing), so `relocate` takes the serialised form the pool got
 at compile time or read from its cache, not a loaded executable.
@@ -19,9 +19,9 @@ import io
 from typing import Any, Sequence
 
 import jax
-import numpy as np
-from jax._src import compiler
 from jax.experimental import serialize_executable
+
+from tlt_jax import jax_private
 
 
 def device_ids(compiled) -> list[int]:
@@ -35,9 +35,7 @@ class _Unpickler(serialize_executable._JaxPjrtUnpickler):  # pylint: disable=pro
   def __init__(self, payload: bytes, devices: Sequence[Any], moves: dict[int, Any]):
     super().__init__(io.BytesIO(payload), devices[0].client, list(devices))
     self.devices_by_id = moves
-    self.options = compiler.get_compile_options(
-        num_replicas=1, num_partitions=len(devices),
-        device_assignment=np.array([[d.id for d in devices]]))
+    self.options = jax_private.compile_options(len(devices), [d.id for d in devices])
 
   def persistent_load(self, pid):
     if pid[0] == "exec":

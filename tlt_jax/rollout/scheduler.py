@@ -71,3 +71,11 @@ class Results:
     if self.hidden is not None:
       self.hidden.harvest(st.captured.hidden_BxNxD, st.captured.prompt_hidden_BxD, slots, rows,
                           last)
+
+
+def split_waves(cfg, total: int) -> list[list[np.ndarray]]:
+  """Rows of each shard's waves: the `cfg.num_shards` shards take contiguous blocks of the
+  `total` rows, and each shard processes its block in waves of at most `cfg.max_batch` rows."""
+  blocks = np.array_split(np.arange(total), cfg.num_shards)
+  return [[blk[i: i + cfg.max_batch] for i in range(0, len(blk), cfg.max_batch)]
+          for blk in blocks]

@@ -23,6 +23,9 @@ from tlt_jax.spec.strategy import Strategy
 
 def spec_step(model, drafter: DraftModel | None, st: DecodeState, params: SamplingParams, key,
               stop_ids, n: int, pad_id: int, *, strategy: Strategy, rule: str) -> DecodeState:
+  """One speculative step of every row: the drafter catches up (when it drafts), the proposer
+  drafts a chain or tree, one target forward verifies it under `rule`, and the accepted prefix
+  (or tree path) plus one token is committed."""
   proposer = get_proposer(strategy.proposer)
   if proposer.uses_draft_model:
     st = dataclasses.replace(st, draft=drafter.catch_up(
@@ -89,24 +92,24 @@ def _tree_step(model, drafter: DraftModel | None, st: DecodeState, s0_B, lp0_B,
   b = s0_B.shape[0]
   rows = jnp.arange(b)
   live_B = ~st.done_B
-  tokens_BxN, valid_BxN, parents_BxN = drafts.tokens_BxN, drafts.valid_BxN, drafts.parents_BxN
-  depth_BxN, mask_BxNxN, q_BxNxV, draft = (drafts.depth_BxN, drafts.mask_BxNxN, drafts.q_BxNxV,
+  tokens_BxE, valid_BxE, parents_BxE = drafts.tokens_BxE, drafts.valid_BxE, drafts.parents_BxE
+  depth_BxE, mask_BxExE, q_BxExV, draft = (drafts.depth_BxE, drafts.mask_BxExE, drafts.q_BxExV,
                                            drafts.draft)
-  out = model(tokens_BxN, st.cache, depth_T=depth_BxN, tree_mask_TxT=mask_BxNxN,
+  out = model(tokens_BxE, st.cache, depth_T=depth_BxE, tree_mask_TxT=mask_BxExE,
               return_layers=needs_layers(drafter))
-  logp_BxNxV = processed_logprobs(out.logits_BxTxV, params)
-  if q_BxNxV is None:  # coupled and greedy walks never read q
-    q_BxNxV = jnp.zeros((b, tokens_BxN.shape[1], 1), jnp.float32)
+  logp_BxExV = processed_logprobs(out.logits_BxTxV, params)
+  if q_BxExV is None:  # coupled and greedy walks never read q
+    q_BxExV = jnp.zeros((b, tokens_BxE.shape[1], 1), jnp.float32)
   path_BxM, n_acc_B, forced_B = verify.verify_tree(
-      logp_BxNxV, jnp.where(valid_BxN, tokens_BxN, -1), parents_BxN, q_BxNxV, key,
+      logp_BxExV, jnp.where(valid_BxE, tokens_BxE, -1), parents_BxE, q_BxExV, key,
       st.sample_id_B, st.t_B, rule=rule, greedy=params.greedy, depth=depth)
   if rule == "coupled" or params.greedy:
     forced_B = jnp.full_like(forced_B, -1)
 
   take = lambda x: jnp.take_along_axis(x, path_BxM.reshape(b, -1, *([1] * (x.ndim - 2))), axis=1)
-  cand_BxM = take(tokens_BxN)
+  cand_BxM = take(tokens_BxE)
   # The log-prob of path node j + 1 is read from the target's distribution after node j.
-  path_lp_BxM = jnp.take_along_axis(take(logp_BxNxV)[:, :-1], cand_BxM[:, 1:, None], axis=2)
+  path_lp_BxM = jnp.take_along_axis(take(logp_BxExV)[:, :-1], cand_BxM[:, 1:, None], axis=2)
   cand_lp_BxM = jnp.concatenate([lp0_B[:, None], path_lp_BxM[:, :, 0]], axis=1)
   m_B = n_acc_B + 1
   path_out = dataclasses.replace(

@@ -149,6 +149,7 @@ def follow_drafter(model, drafter: DraftModel | None, old: DecodeState, new: Dec
 
 
 def needs_layers(drafter: DraftModel | None) -> bool:
+  """Whether the target must return its intermediate layers for `drafter`."""
   return drafter is not None and drafter.needs_layers
 
 

@@ -8,6 +8,9 @@ import time
 
 @dataclasses.dataclass
 class Event:
+  """One engine dispatch of a rollout: prefill, decode (plain or a speculative arm) or
+  compaction, on one shard, with its batch and the rows live before and after it."""
+
   shard: int
   kind: str          # prefill | decode | compact
   start: float       # seconds since the call began
@@ -33,10 +36,12 @@ class Timeline:
     self.spec: dict = {}
 
   def record(self, shard, kind, start, end, bucket, live, steps=0, live_after=-1, tokens=0):
+    """Adds one dispatch (`start`/`end` on the host's clock)."""
     self.events.append(Event(shard, kind, start - self.t0, end - self.t0, bucket, live, steps,
                              live_after, tokens))
 
   def shard_done(self, shard: int, at: float) -> None:
+    """Marks when shard `shard` finished its last row."""
     self.shard_end[shard] = at - self.t0
 
   def finish(self, wall_s: float, tokens: int, compile_events: int, compile_s: float) -> None:
@@ -45,16 +50,9 @@ class Timeline:
     self.compile_events, self.compile_s = compile_events, compile_s
     self.shard_end = [wall_s if e is None else e for e in self.shard_end]
 
-  def live_batch(self, shard: int = 0) -> list[tuple[float, int]]:
-    """(time, live rows) at each decode dispatch of `shard`: the shrinking batch."""
-    return [(e.start, e.live) for e in self.events
-            if e.shard == shard and (e.kind == "decode" or e.kind.startswith("spec"))]
-
-  def idle_windows(self) -> list[tuple[float, float]]:
-    """Per shard, (start, end) of the window from its last row finishing to the call's end."""
-    return [(end, self.wall_s) for end in self.shard_end]
-
   def summary(self) -> dict:
+    """Tokens per second, steps, decode and speculative time, time per bucket, idle time per
+    shard, the SD-on fraction and the compiles of the call."""
     per_bucket: dict[int, float] = {}
     steps, spec_s, decode_s = 0, 0.0, 0.0
     for e in self.events:

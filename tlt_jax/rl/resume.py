@@ -1,0 +1,60 @@
+"""A run's state in its checkpoints: what a checkpoint holds (parameters, optimizer state, the KL
+term's reference, the adaptive drafter), writing one, and resuming from the latest. Everything a
+step draws is addressed by the step, so a resumed run continues the trajectory of a run that was
+never stopped."""
+
+from __future__ import annotations
+
+import os
+
+from tlt_jax import distributed
+from tlt_jax.errors import TrainingError
+
+
+def _state(trainer) -> dict:
+  updater = trainer.updater
+  state = {"params": updater.params, "opt": updater.opt_state}
+  if updater.ref_params is not None:  # the KL term's reference survives a resume
+    state["ref_params"] = updater.ref_params
+  if trainer.adaptive is not None:  # the same on every process: saved once, over the mesh
+    state["drafter"] = distributed.spanning(trainer.adaptive.state(), updater.mesh)
+  return state
+
+
+def save(trainer) -> None:
+  """A checkpoint of `trainer` at its current step (every process writes its part)."""
+  trainer.ckpt.save(trainer.step, _state(trainer),
+                    {"step": trainer.step, "seed": trainer.seed,
+                     "update_count": trainer.updater.step_count,
+                     "drafter_version": trainer.engine.weights.drafter_version,
+                     "data_iterator": {"kind": "step-addressed", "next_step": trainer.step}})
+
+
+def restore(trainer) -> bool:
+  """Resumes `trainer` from the latest checkpoint if its run directory has one (False: none); a
+  damaged or mismatched checkpoint raises (never a silent fresh start)."""
+  if trainer.ckpt is None:
+    if os.path.isdir(trainer.ckpt_dir) and os.listdir(trainer.ckpt_dir):
+      raise TrainingError(
+          f"{trainer.out_dir} holds checkpoints but checkpoint_every is 0: resuming would be "
+          "skipped. Set checkpoint_every > 0 to resume, or use a new out_dir.")
+    return False
+  if trainer.ckpt.latest_step() is None:
+    return False
+  state, meta, _ = trainer.ckpt.restore(_state(trainer))
+  if int(meta.get("seed", trainer.seed)) != trainer.seed:
+    raise TrainingError(f"The checkpoint in {trainer.ckpt_dir} was written with seed "
+                        f"{meta['seed']} but the config says {trainer.seed}; use the same seed "
+                        "to resume, or a new out_dir.")
+  updater = trainer.updater
+  updater.params, updater.opt_state = state["params"], state["opt"]
+  if "ref_params" in state:
+    updater.ref_params = state["ref_params"]
+  updater.step_count = int(meta.get("update_count", meta["step"]))
+  trainer.step = int(meta["step"])
+  trainer.sync_policy()
+  if trainer.adaptive is not None:
+    drafter = distributed.local_copy(state["drafter"], updater.mesh)
+    trainer.adaptive.load_state(drafter, int(meta.get("drafter_version", 0)))
+    trainer.adaptive.after_update(trainer.policy)
+  return True
