@@ -42,9 +42,11 @@ class Checkpointer:
                                           item_names=("state", "meta"))
 
   def latest_step(self) -> int | None:
+    """The newest saved step, or None when the directory holds none."""
     return self._manager.latest_step()
 
   def all_steps(self) -> list[int]:
+    """Every saved step, oldest first."""
     return list(self._manager.all_steps())
 
   def save(self, step: int, state: Any, meta: dict | None = None) -> None:
@@ -55,6 +57,7 @@ class Checkpointer:
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta or {})))
 
   def wait(self) -> None:
+    """Blocks until the writes in flight are on disk."""
     self._manager.wait_until_finished()
 
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict, int]:
@@ -90,4 +93,5 @@ class Checkpointer:
     return dict(restored["meta"] or {})
 
   def close(self) -> None:
+    """Waits for the writes in flight and releases the manager."""
     self._manager.close()

@@ -29,6 +29,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from tlt_jax import jax_private
 from tlt_jax.errors import ConfigError
 from tlt_jax.typed import typed
 
@@ -57,6 +58,7 @@ class DistributedConfig:
 
   @classmethod
   def from_dict(cls, d, key: str = "distributed") -> "DistributedConfig":
+    """From the optional `distributed` config section (absent: the defaults)."""
     return typed(cls, d or {}, key)
 
 
@@ -131,8 +133,7 @@ def barrier(name: str, timeout_s: int = 3600) -> None:
   process); a peer that never comes ends it with an error after `timeout_s`."""
   if jax.process_count() > 1:
     _barriers[0] += 1
-    jax._src.distributed.global_state.client.wait_at_barrier(f"{name}:{_barriers[0]}",
-                                                              timeout_s * 1000)
+    jax_private.wait_at_barrier(f"{name}:{_barriers[0]}", timeout_s * 1000)
 
 
 def _differ(value: str) -> list[int]:

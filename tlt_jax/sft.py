@@ -40,6 +40,7 @@ RECIPE_FILE = "recipe.json"
 
 
 def default_cache_dir() -> str:
+  """`$TLT_JAX_CACHE`, else `<repo>/.cache`."""
   return os.environ.get("TLT_JAX_CACHE",
                         os.path.join(os.path.dirname(os.path.dirname(__file__)), ".cache"))
 
@@ -56,6 +57,7 @@ def _fingerprint(config: ml_collections.ConfigDict) -> str:
 
 
 def cache_path(config: ml_collections.ConfigDict) -> str:
+  """Where the warm start of `config` is cached (keyed by its recipe)."""
   root = config.get("cache_dir") or default_cache_dir()
   return os.path.join(root, "warmstart", f"{config.model}-{_fingerprint(config)}")
 
@@ -112,6 +114,7 @@ def next_token_loss(model: Transformer, tokens_BxT, mask_BxT):
 
 
 def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """AdamW for the SFT recipe `train`."""
   return optim.adamw(train.lr, warmup_steps=train.warmup_steps, total_steps=train.steps, b2=0.98,
                      weight_decay=train.weight_decay, clip=train.clip)
 

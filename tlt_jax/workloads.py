@@ -31,6 +31,9 @@ from tlt_jax.typed import check_keys, typed
 
 @dataclasses.dataclass
 class Workload:
+  """What a run samples and scores: the starting policy, its tokenizer, the prompt pool with its
+  answers, the sampling parameters and the reward."""
+
   model: object
   tokenizer: object
   prompts: list[list[int]]
@@ -59,6 +62,7 @@ class WorkloadConfig:
 
   @property
   def reward(self) -> str:
+    """The reward's name (`task.reward`)."""
     return self.task["reward"]
 
 
@@ -87,6 +91,7 @@ def register_workload(name: str, kind: WorkloadKind) -> None:
 
 
 def get_workload(name: str) -> WorkloadKind:
+  """The registered workload `name`; a one-line error naming the nearest known one."""
   if name not in WORKLOADS:
     near = difflib.get_close_matches(str(name), WORKLOADS, n=1)
     hint = f" (did you mean {near[0]!r}?)" if near else ""
@@ -130,6 +135,7 @@ def workload_config(c: ml_collections.ConfigDict, rollout_keys=("engine",)) -> W
 
 
 def sampling_params(wc: WorkloadConfig, max_new_tokens: int, eos_id: int) -> SamplingParams:
+  """The rollout's sampling parameters for this workload (stop at the tokenizer's EOS)."""
   return SamplingParams(temperature=wc.temperature, top_k=wc.top_k, top_p=wc.top_p,
                         max_new_tokens=max_new_tokens, stop_tokens=(eos_id,))
 

@@ -30,6 +30,9 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
+  """One finished row of a rollout in the buffer: its tokens and where its hidden states sit in
+  the device ring."""
+
   tokens_L: np.ndarray        # [L] int32: the last prompt token, then the response
   start: int                  # where its hidden states begin in the stream of tokens the buffer
                               # has written (ring row: start % max_tokens)
@@ -38,11 +41,14 @@ class Segment:
 
   @property
   def length(self) -> int:
+    """Tokens in the segment."""
     return int(self.tokens_L.shape[0])
 
 
 @dataclasses.dataclass(frozen=True)
 class BufferConfig:
+  """The buffer's capacity and how it samples: longer and more recent segments more often."""
+
   max_tokens: int = 200_000   # capacity in segment tokens (rows of the device ring)
   length_power: float = 1.0   # sampling weight ~ length ** length_power
   half_life: float = 4.0      # sampling weight halves every `half_life` RL steps of age
@@ -89,6 +95,7 @@ class DataBuffer:
 
   @property
   def newest_step(self) -> int:
+    """The RL step of the newest segment (-1 when empty)."""
     return max((s.step for s in self._segments), default=-1)
 
   def _place(self, tokens_L, version: int, step: int) -> Segment | None:
@@ -188,6 +195,7 @@ class DataBuffer:
     return [self._segments[i] for i in idx]
 
   def segments(self) -> list[Segment]:
+    """The segments held, oldest first."""
     return list(self._segments)
 
   def pack(self, segs: list[Segment], seq_len: int, pad_id: int, rows: int | None = None,

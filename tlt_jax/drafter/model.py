@@ -61,6 +61,7 @@ class DrafterConfig:
       raise ValueError("DrafterConfig.vocab_ids must be distinct token ids in increasing order.")
 
   def n_features(self) -> int:
+    """How many target layers the drafter's input fuses (1 without EAGLE-3 features)."""
     return max(1, len(self.feature_layers))
 
   def __repr__(self):  # the vocabulary can be thousands of ids: show its size
@@ -76,6 +77,10 @@ def layer_config(target: ModelConfig) -> ModelConfig:
 
 
 class Drafter(nnx.Module):
+  """The EAGLE drafter: one decoder layer over `fc(concat(embed(x_{t+1}), h_t))` (or EAGLE-3's
+  fused features of several target layers), drafting with the target's frozen embedding and
+  head, optionally restricted to a draft vocabulary."""
+
   def __init__(self, target: ModelConfig, cfg: DrafterConfig, *, rngs: nnx.Rngs):
     self.target_cfg, self.cfg = target, cfg
     lc = layer_config(target)
@@ -92,6 +97,7 @@ class Drafter(nnx.Module):
 
   @property
   def restricted(self) -> bool:
+    """Whether the draft head covers a restricted vocabulary (`vocab_ids`)."""
     return bool(self.cfg.vocab_ids)
 
   def logits(self, target, g_BxTxD) -> jax.Array:
@@ -161,11 +167,13 @@ class Drafter(nnx.Module):
 
 def init_drafter(target: ModelConfig, cfg: DrafterConfig = DrafterConfig(), seed: int = 0
                  ) -> Drafter:
+  """A drafter for `target` with freshly initialised weights."""
   return Drafter(target, cfg, rngs=nnx.Rngs(seed))
 
 
 def drafter_cache(target: ModelConfig, batch: int, max_len: int, attention: str = "xla"
                   ) -> KVCache:
+  """An empty one-layer KV cache for the drafter of `target` (`batch` rows, `max_len` slots)."""
   return init_cache(layer_config(target), batch, max_len, impl=attention)
 
 

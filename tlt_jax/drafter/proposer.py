@@ -34,18 +34,22 @@ class EagleProposer:
   module: Drafter
 
   def bind(self, module: Drafter) -> EagleProposer:
+    """This proposer over the drafter `module` (the engine merges the weights it holds)."""
     return EagleProposer(module)
 
   @property
   def needs_layers(self) -> bool:
+    """Whether the target must return its intermediate layers (EAGLE-3 features)."""
     return bool(self.module.cfg.feature_layers)
 
   @property
   def follows_lazily(self) -> bool:  # fused layer features are not captured: follow eagerly
+    """Whether the drafter can catch up from captured hidden states (not with fused features)."""
     return not self.module.cfg.feature_layers
 
   def init_state(self, target_cfg, batch: int, cache_len: int, attention: str = "xla"
                  ) -> FollowState:
+    """The drafter's empty decode state for `batch` rows."""
     width = self.module.cfg.n_features() * target_cfg.d_model
     return FollowState(cache=follow.follow_cache(target_cfg, batch, cache_len, attention),
                        feat_BxF=jnp.zeros((batch, width), jnp.dtype(target_cfg.dtype)),
@@ -56,6 +60,7 @@ class EagleProposer:
 
   def prefill(self, target, state: FollowState, prompts_UxP, out, lens_U) -> FollowState:
     # Pairs (x_{t+1}, feature_t) for t < len - 1; the last prompt token's feature waits.
+    """The drafter's state after reading the prompts alongside the target's prefill."""
     feats = self._features(out, state.feat_BxF.dtype)
     last_U = lens_U - 1
     cache = follow.consume(self.module, target, state.cache, prompts_UxP[:, 1:], feats[:, :-1],
@@ -66,6 +71,7 @@ class EagleProposer:
   def follow(self, target, state: FollowState, out, inputs_BxT, keep_B, t_B,
              first: int = 0) -> FollowState:
     # It consumes the pairs (input j, feature before input j) for j in [first, keep).
+    """The drafter's state after the target emitted tokens in a plain step (eager following)."""
     feats_BxTxF = self._features(out, state.feat_BxF.dtype)
     before_BxTxF = jnp.concatenate([state.feat_BxF[:, None], feats_BxTxF[:, :-1]], axis=1)
     cache = follow.consume(self.module, target, state.cache, inputs_BxT[:, first:],
@@ -76,6 +82,7 @@ class EagleProposer:
 
   def catch_up(self, target, state: FollowState, tokens_BxN, hidden_BxNxD, prompt_hidden_BxD,
                done_B, t_B) -> FollowState:
+    """Feeds the drafter the tokens it missed while plain steps ran (lazy following)."""
     if hidden_BxNxD.shape[1] == 0 or not self.follows_lazily:
       return state  # nothing captured, or it follows eagerly
     cache, feat_BxF, dnext_B = follow.catch_up(
@@ -85,6 +92,7 @@ class EagleProposer:
 
   def chain(self, target, state: FollowState, s0_B, k: int, params, key, sample_ids_B, t0_B,
             rule: str, live_B):
+    """A chain of `depth` drafts per row."""
     drafts_BxK, q_BxKxV, cache = follow.draft_chain(
         self.module, target, state.cache, s0_B, state.feat_BxF, k, params, key, sample_ids_B,
         t0_B, rule, live_B)
@@ -92,6 +100,7 @@ class EagleProposer:
 
   def tree(self, target, state: FollowState, s0_B, *, depth: int, topk: int, nodes: int, params,
            key, sample_ids_B, t0_B, rule: str, live_B):
+    """An EAGLE-2 dynamic tree of drafts per row."""
     *drafted, cache = follow.draft_tree(
         self.module, target, state.cache, s0_B, state.feat_BxF, depth=depth, topk=topk,
         nodes=nodes, params=params, key=key, sample_ids_B=sample_ids_B, t0_B=t0_B, rule=rule,

@@ -29,6 +29,9 @@ from tlt_jax.drafter.train import DrafterTrainer
 
 @dataclasses.dataclass(frozen=True)
 class SpotConfig:
+  """Spot training's settings: batch shape, the one-device budget per RL step, a cap per idle
+  window, the segments the buffer must hold first, and the sampling seed."""
+
   batch_rows: int = 16
   seq_len: int = 128            # positions per training row (longer segments: a random window)
   budget_s: float = 0.0         # between phases (one device): seconds of training per RL step
@@ -44,6 +47,8 @@ class SpotConfig:
 
 @dataclasses.dataclass
 class StepRecord:
+  """One spot-training step: where and when it ran, its loss and top-1 agreement."""
+
   device: int          # device id the step ran on
   start: float         # time.perf_counter() at the step's start and end
   end: float
@@ -79,6 +84,7 @@ class SpotTrainer:
 
   @property
   def ready(self) -> bool:
+    """Whether the buffer holds enough segments to train on."""
     return len(self.buffer) >= self.cfg.min_segments
 
   def batch(self, step: int, index: int = 0):
@@ -188,7 +194,5 @@ class SpotTrainer:
 
   @property
   def running(self) -> bool:
+    """Whether a training window is open."""
     return bool(self._windows)
-
-  def busy_seconds(self, since: int = 0) -> float:
-    return float(sum(r.end - r.start for r in self.log[since:]))

@@ -21,12 +21,15 @@ from tlt_jax.drafter.model import Drafter, target_features
 
 @dataclasses.dataclass(frozen=True)
 class DrafterTrainConfig:
+  """The drafter's optimizer: AdamW (b2 0.95) after clipping, with a linear warm-up."""
+
   lr: float = 3e-4
   warmup_steps: int = 20
   weight_decay: float = 1e-2
   clip: float = 1.0
 
   def optimizer(self) -> optax.GradientTransformation:
+    """AdamW with these settings."""
     return optim.adamw(self.lr, warmup_steps=self.warmup_steps, b2=0.95,
                        weight_decay=self.weight_decay, clip=self.clip)
 
@@ -78,19 +81,23 @@ class DrafterTrainer:
     self._device = device
 
   def step(self, tokens, feats, hidden, mask) -> dict:
+    """One training step on a batch; returns its metrics (loss, top-1 agreement)."""
     self.params, self.opt_state, metrics = self.update_fn(
         self.params, self.opt_state, self.target_params, tokens, feats, hidden, mask)
     self.step_count += 1
     return {k: float(v) for k, v in metrics.items()}
 
   def drafter(self) -> Drafter:
+    """The drafter with the current parameters."""
     return nnx.merge(self.graphdef, self.params)
 
   def state(self) -> dict:
+    """Parameters, optimizer state and step count."""
     return {"params": self.params, "opt_state": self.opt_state,
             "step": jnp.int32(self.step_count)}
 
   def load_state(self, state: dict) -> None:
+    """Restores what `state` returned."""
     self.params, self.opt_state = state["params"], state["opt_state"]
     self.step_count = int(state["step"])
     self._device = None

@@ -39,6 +39,9 @@ WEIGHTS = "drafter.safetensors"
 
 @dataclasses.dataclass(frozen=True)
 class WarmupConfig:
+  """The offline warm-up's training: steps, batch rows, sequence length, samples per prompt of
+  the target's rollouts, and the seed."""
+
   steps: int = 300
   batch_rows: int = 32
   seq_len: int = 256

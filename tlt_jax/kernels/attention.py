@@ -60,6 +60,7 @@ def cache_slots(slots: int, impl: str) -> int:
 
 
 def key_shape(batch: int, kv_heads: int, head_dim: int, slots: int, impl: str) -> tuple:
+  """The cached keys' shape in `impl`'s layout (xla: `[B, K, H, S]`, pallas: `[B, K, S, H]`)."""
   return ((batch, kv_heads, head_dim, slots) if impl == "xla"
           else (batch, kv_heads, slots, head_dim))
 

@@ -65,6 +65,7 @@ class ModelConfig:
 
   @property
   def family_spec(self) -> Family:
+    """The model family's definition (`models/families/`)."""
     return get_family(self.family)
 
   @property
@@ -83,9 +84,11 @@ class ModelConfig:
     return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
 
   def replace(self, **kwargs) -> "ModelConfig":
+    """A copy with `changes` applied."""
     return dataclasses.replace(self, **kwargs)
 
   def to_dict(self) -> dict:
+    """The fields as a plain dict (what `save_pretrained` writes)."""
     return dataclasses.asdict(self)
 
 

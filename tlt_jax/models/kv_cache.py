@@ -43,13 +43,16 @@ class KVCache:
 
   @property
   def batch(self) -> int:
+    """Rows in the cache."""
     return self.lengths_B.shape[0]
 
   @property
   def max_len(self) -> int:
+    """Slots per row."""
     return self.v[0].shape[2]
 
   def replace(self, **kwargs) -> "KVCache":
+    """A copy with `changes` applied."""
     return dataclasses.replace(self, **kwargs)
 
   def prefix(self, layer: int) -> Prefix:

@@ -120,6 +120,8 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(h, cfg.norm_eps, param_dtype=pd, axis="head_dim")
 
   def qkv(self, x_BxTxD, positions_BxT):
+    """Queries, keys and values `[B, T, heads, H]` of `x_BxTxD` at `positions_BxT`, rotated and
+    normalised as the family asks."""
     cfg = self.cfg
     b, t, _ = x_BxTxD.shape
     g = cfg.n_heads // cfg.n_kv_heads
@@ -134,6 +136,7 @@ class Attention(nnx.Module):
     return q, k, v
 
   def out(self, attn_BxTxNxH):
+    """The output projection of the attended values."""
     b, t = attn_BxTxNxH.shape[:2]
     return self.o_proj(attn_BxTxNxH.reshape(b, t, -1))
 

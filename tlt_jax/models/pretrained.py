@@ -53,6 +53,7 @@ def config_from_hf(hf: dict, source: str, dtype: str = "float32") -> ModelConfig
 
 
 def config_to_hf(cfg: ModelConfig, tokenizer: TextTokenizer | None) -> dict:
+  """A Hugging Face `config.json` for `cfg` (and the tokenizer's special tokens)."""
   family = cfg.family_spec
   out = {
       "architectures": [family.architecture], "model_type": family.model_type,
@@ -92,6 +93,7 @@ def _read_safetensors(directory: str) -> dict[str, np.ndarray]:
 
 
 def load_hf_folder(directory: str, dtype: str = "float32") -> tuple[Transformer, TextTokenizer]:
+  """The model and tokenizer of a local Hugging Face folder (config.json, safetensors, tokenizer)."""
   cfg_path = os.path.join(directory, "config.json")
   if not os.path.exists(cfg_path):
     raise FileNotFoundError(f"{cfg_path} is missing: point --model at a Hugging Face checkpoint "

@@ -27,12 +27,14 @@ class TextTokenizer:
     self.vocab_size = tokenizer.get_vocab_size()
 
   def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    """Token ids of `text`."""
     ids = self.tokenizer.encode(text, add_special_tokens=False).ids
     if add_special_tokens and self.add_bos and self.bos_id is not None:
       ids = [self.bos_id] + ids
     return ids
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    """The text of token ids."""
     return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
   def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -63,6 +65,7 @@ class TextTokenizer:
 
   @classmethod
   def from_hf_folder(cls, directory: str) -> "TextTokenizer":
+    """The tokenizer (and chat template) of a Hugging Face folder."""
     path = os.path.join(directory, "tokenizer.json")
     if not os.path.exists(path):
       raise FileNotFoundError(f"{path} is missing: a Hugging Face checkpoint folder needs its "
@@ -105,6 +108,7 @@ class CharTokenizer:
       json.dump({"kind": "char", "vocab_size": self.vocab_size, "chars": self.chars}, f)
 
   def encode(self, text: str) -> list[int]:
+    """Token ids of `text`, one per character."""
     try:
       return [self._to_id[c] for c in text]
     except KeyError as e:
@@ -112,6 +116,7 @@ class CharTokenizer:
                        f"{self.chars!r}.") from e
 
   def decode(self, ids: Sequence[int], stop_at_eos: bool = True) -> str:
+    """The text of token ids (special tokens dropped)."""
     out = []
     for i in ids:
       i = int(i)

@@ -143,7 +143,3 @@ def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
 def abstract_model(cfg: ModelConfig) -> Transformer:
   """The model's structure with shape-only parameters (for restoring without allocating)."""
   return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-
-
-def count_params(state) -> int:
-  return sum(x.size for x in jax.tree.leaves(state))

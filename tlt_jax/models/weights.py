@@ -80,6 +80,7 @@ def gguf_name(hf_name: str) -> str:
 
 
 def get_variable(model, path: tuple) -> nnx.Variable:
+  """The variable of `model` at `path` (attribute names and list indices)."""
   node = model
   for p in path:
     node = node[p] if isinstance(p, int) else getattr(node, p)

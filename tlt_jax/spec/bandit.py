@@ -13,6 +13,9 @@ import numpy as np
 
 
 class BucketedEpsilonGreedy:
+  """An epsilon-greedy bandit per batch bucket over the speculative arms, rewarded by tokens per
+  second over a sliding window."""
+
   def __init__(self, arms: int, epsilon: float = 0.1, window: int = 300, seed: int = 0):
     self.arms, self.epsilon = arms, epsilon
     self._rng = np.random.default_rng(seed)
@@ -20,6 +23,8 @@ class BucketedEpsilonGreedy:
     self.choices = collections.Counter()
 
   def choose(self, bucket: int, allowed: list[int]) -> int:
+    """An arm for `bucket` among `allowed`: an untried one first, else the best median reward,
+    or a random one with probability epsilon."""
     if not allowed:
       raise ValueError("No arm is allowed.")
     untried = [a for a in allowed if not self._rewards[(bucket, a)]]
@@ -33,11 +38,14 @@ class BucketedEpsilonGreedy:
     return arm
 
   def update(self, bucket: int, arm: int, reward: float) -> None:
+    """Records `reward` (tokens per second) for `arm` at `bucket`."""
     self._rewards[(bucket, arm)].append(float(reward))
 
   def best(self, bucket: int, allowed: list[int]) -> int | None:
+    """The arm with the best median reward at `bucket` (None before any was tried)."""
     tried = [a for a in allowed if self._rewards[(bucket, a)]]
     return max(tried, key=lambda a: np.median(self._rewards[(bucket, a)])) if tried else None
 
   def medians(self) -> dict:
+    """Median reward per `bucket/arm`."""
     return {f"{b}/{a}": float(np.median(r)) for (b, a), r in self._rewards.items() if r}

@@ -15,6 +15,10 @@ from tlt_jax.spec.strategy import SpecConfig
 
 
 class SpecController:
+  """What the engine asks before each dispatch: whether to speculate at this batch size and with
+  which arm (the bandit's choice among the arms the health monitor has not retired), and what
+  it records after (tokens, steps, time)."""
+
   def __init__(self, config: SpecConfig, batch_buckets):
     self.config = config
     self.top_bucket = next((b for b in batch_buckets if b >= config.threshold), batch_buckets[-1])
@@ -36,6 +40,7 @@ class SpecController:
     return bucket <= self.top_bucket
 
   def is_plain(self, arm: int | None) -> bool:
+    """Whether arm `arm` is plain decoding."""
     return arm is None or arm in self.plain_arms
 
   def choose(self, bucket: int, live: int) -> int | None:
@@ -46,6 +51,8 @@ class SpecController:
     return self.bandit.choose(bucket, allowed)
 
   def record(self, bucket: int, arm: int, tokens: int, row_steps: int, wall_s: float) -> None:
+    """Records a dispatch's tokens and time for the bandit and its accepted length for the
+    health monitor."""
     self.bandit.update(bucket, arm, tokens / max(wall_s, 1e-9))
     if arm in self.plain_arms:
       return
@@ -59,6 +66,7 @@ class SpecController:
     return sum(self.tokens.values()) / steps if steps else 0.0
 
   def summary(self) -> dict:
+    """Accepted length, choices per bucket and arm, retired arms: the rollout record's `spec`."""
     names = [a.name for a in self.config.arms]
     buckets = sorted({b for b, _ in self.bandit.choices})
     return {

@@ -23,12 +23,12 @@ class ChainDrafts:
 class TreeDrafts:
   """A tree of drafts under the root `s0` (node 0), verified in one forward with a tree mask."""
 
-  tokens_BxN: jax.Array
-  valid_BxN: jax.Array
-  parents_BxN: jax.Array     # the root's parent is -1
-  depth_BxN: jax.Array
-  mask_BxNxN: jax.Array      # node j is node i or one of its ancestors
-  q_BxNxV: jax.Array | None  # None: greedy or `coupled`, whose walks never read q
+  tokens_BxE: jax.Array
+  valid_BxE: jax.Array
+  parents_BxE: jax.Array     # the root's parent is -1
+  depth_BxE: jax.Array
+  mask_BxExE: jax.Array      # node j is node i or one of its ancestors
+  q_BxExV: jax.Array | None  # None: greedy or `coupled`, whose walks never read q
   draft: Any = None
 
 
@@ -40,9 +40,11 @@ class BaseProposer:
   reads_context = False
 
   def start(self, context_BxH: jax.Array, len_B: jax.Array) -> Any:
+    """The proposer's per-row state from the rows' context at prefill (None: it keeps none)."""
     return None
 
   def after_emit(self, state: Any, tokens_BxM: jax.Array, keep_B: jax.Array) -> Any:
+    """The per-row state after the rows emitted `tokens_BxM` (`keep_B` of them)."""
     return state
 
 
@@ -51,7 +53,9 @@ class ChainProposer(BaseProposer):
   verify forward checks the `depth` drafts and writes their cache slots."""
 
   def verified(self, arm, rule: str) -> int:
+    """Tokens a chain arm verifies per row: its depth."""
     return arm.depth
 
   def written(self, arm, rule: str) -> int:
+    """Cache slots a chain arm writes before commit: its depth."""
     return arm.depth

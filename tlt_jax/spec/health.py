@@ -12,6 +12,9 @@ import logging
 
 
 class HealthMonitor:
+  """Retires an arm whose mean accepted tokens per speculative step falls below
+  `min_accept_len` over `window` steps, and records why."""
+
   def __init__(self, names: list[str], min_accept_len: float, window: int):
     self.names, self.min_accept_len, self.window = names, min_accept_len, window
     self.steps = [0] * len(names)
@@ -20,6 +23,8 @@ class HealthMonitor:
     self.events: list[str] = []
 
   def record(self, arm: int, row_steps: int, tokens: int) -> None:
+    """Adds a dispatch's speculative row-steps and tokens for `arm`; retires it when its window's
+    mean falls below `min_accept_len`."""
     self.steps[arm] += row_steps
     self.tokens[arm] += tokens
     if arm in self.retired or self.steps[arm] < self.window:
@@ -34,8 +39,10 @@ class HealthMonitor:
     self.steps[arm] = self.tokens[arm] = 0  # judge the next window afresh
 
   def allowed(self) -> list[int]:
+    """The arms not retired."""
     return [a for a in range(len(self.names)) if a not in self.retired]
 
   @property
   def fallback(self) -> bool:
+    """Whether every arm is retired (the engine then decodes plainly)."""
     return not self.allowed()

@@ -118,13 +118,15 @@ class DraftChain(ChainProposer):
   fields = ("depth", "ngram")  # ngram unused: ("eagle", depth, 0) as in the configs
 
   def check(self, arm) -> None:
-    pass
+    """Any depth is valid."""
 
   def arm_name(self, arm) -> str:
+    """`eagle_d<depth>`."""
     return f"eagle_d{arm.depth}"
 
   def draft(self, target, drafter: DraftModel, st, s0_B, arm, params, key, rule: str,
             live_B) -> ChainDrafts:
+    """The drafter's chain of `arm.depth` drafts per row."""
     tokens_BxK, q_BxKxV, draft = drafter.chain(target, st.draft, s0_B, arm.depth, params, key,
                                                st.sample_id_B, st.t_B, rule, live_B)
     return ChainDrafts(tokens_BxK, jnp.ones(tokens_BxK.shape, bool), q_BxKxV, draft)
@@ -142,23 +144,28 @@ class DraftTree(BaseProposer):
   fields = ("depth", "topk", "nodes")
 
   def check(self, arm) -> None:
+    """Raises where the tree's nodes do not fit its depth and top-k."""
     if not (arm.topk >= 1 and 1 <= arm.nodes <= arm.candidates):
       raise ValueError(f"A tree arm needs topk >= 1 and 1 <= nodes <= {arm.candidates} (the "
                        f"nodes its depth and topk draft), got topk={arm.topk}, "
                        f"nodes={arm.nodes}.")
 
   def arm_name(self, arm) -> str:
+    """`tree_d<depth>_k<topk>_n<nodes>`."""
     return f"tree_d{arm.depth}_k{arm.topk}_n{arm.nodes}"
 
   def verified(self, arm, rule: str) -> int:
+    """Tokens verified per row: the candidates under `rejection`, the nodes under `coupled`."""
     return arm.candidates if rule == "rejection" else arm.nodes
 
   def written(self, arm, rule: str) -> int:
     # The target's verify, or the drafter's tree of expanded nodes, whichever is more.
+    """Cache slots written before commit: every node."""
     return max(self.verified(arm, rule), 1 + (arm.depth - 1) * arm.topk)
 
   def draft(self, target, drafter: DraftModel, st, s0_B, arm, params, key, rule: str,
             live_B) -> TreeDrafts:
+    """The drafter's EAGLE-2 tree of `arm.nodes` drafts per row."""
     return TreeDrafts(*drafter.tree(
         target, st.draft, s0_B, depth=arm.depth, topk=arm.topk, nodes=arm.nodes, params=params,
         key=key, sample_ids_B=st.sample_id_B, t0_B=st.t_B, rule=rule, live_B=live_B))
@@ -176,6 +183,7 @@ def register(proposer: Proposer) -> Proposer:
 
 
 def get_proposer(name: str) -> Proposer:
+  """The registered proposer `name`; raises naming the known ones."""
   if name not in PROPOSERS:
     raise ValueError(f"Unknown proposer {name!r}; available: "
                      f"{', '.join(repr(n) for n in [*PROPOSERS, 'plain'])}.")

@@ -37,9 +37,11 @@ class SuffixProposer(ChainProposer):
   fields = ("depth", "ngram")
 
   def start(self, context_BxH, len_B) -> History:
+    """Each row's history: its context (corpus and prompt)."""
     return History(context_BxH, len_B)
 
   def after_emit(self, h: History, tokens_BxM, keep_B) -> History:
+    """Each row's history with the emitted tokens appended."""
     b, m = tokens_BxM.shape
     j_M = jnp.arange(m)
     pos_BxM = jnp.where(j_M[None] < keep_B[:, None], h.len_B[:, None] + j_M[None],
@@ -48,13 +50,17 @@ class SuffixProposer(ChainProposer):
                    h.len_B + keep_B)
 
   def check(self, arm) -> None:
+    """Raises where the n-gram length is not positive."""
     if arm.ngram < 1:
       raise ValueError(f"A suffix arm's ngram must be >= 1, got {arm.ngram}.")
 
   def arm_name(self, arm) -> str:
+    """`suffix_d<depth>_n<ngram>`."""
     return f"suffix_d{arm.depth}_n{arm.ngram}"
 
   def draft(self, target, drafter, st, s0_B, arm, params, key, rule: str, live_B) -> ChainDrafts:
+    """A chain per row: the tokens that followed the latest earlier match of the row's last
+    `ngram` tokens in its history."""
     rows = jnp.arange(s0_B.shape[0])
     h = st.proposers[self.name]
     hist = h.tokens_BxH.at[rows, h.len_B].set(s0_B, mode="drop")

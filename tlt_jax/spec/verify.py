@@ -29,6 +29,7 @@ ACCEPT_STREAM, RESIDUAL_STREAM, DRAFT_STREAM = 1, 2, 3
 
 
 def stream_key(key, sample_id, position, stream: int):
+  """The noise key of `sample_id` at `position` for the verification stream `stream`."""
   return jax.random.fold_in(noise_key(key, sample_id, position), stream)
 
 
@@ -88,7 +89,7 @@ def point_mass(tokens, vocab: int) -> jax.Array:
   return jax.nn.one_hot(tokens, vocab, dtype=jnp.float32)
 
 
-def verify_tree(logp_BxNxV, tokens_BxN, parents_BxN, q_BxNxV, key, sample_ids_B, t0_B, *,
+def verify_tree(logp_BxExV, tokens_BxE, parents_BxE, q_BxExV, key, sample_ids_B, t0_B, *,
                 rule: str, greedy: bool, depth: int):
   """Walks a draft tree from its root (node 0 = s0). Node `n > 0` holds draft `tokens[n]` with
   parent `parents[n]`; `logp[:, n]` is the target's distribution after node n; `q[:, n]` is the
@@ -96,21 +97,21 @@ def verify_tree(logp_BxNxV, tokens_BxN, parents_BxN, q_BxNxV, key, sample_ids_B,
 
   Returns (path `[B, depth + 1]` of node indices starting at 0, n_acc, forced token or -1).
   """
-  b, n, v = logp_BxNxV.shape
+  b, n, v = logp_BxExV.shape
 
-  def row(logp_NxV, tok_N, par_N, q_NxV, i, t0):
-    p_NxV = jnp.exp(logp_NxV)
+  def row(logp_ExV, tok_E, par_E, q_ExV, i, t0):
+    p_ExV = jnp.exp(logp_ExV)
 
     def level(carry, d):
       node, alive, n_acc, forced, path = carry
       pos = t0 + 1 + d
-      children = (par_N == node) & (jnp.arange(n) > 0)
+      children = (par_E == node) & (jnp.arange(n) > 0)
       if rule == "coupled" or greedy:
         if greedy:
-          target = argmax(logp_NxV[node])
+          target = argmax(logp_ExV[node])
         else:
-          target = argmax(logp_NxV[node] + _gumbel(noise_key(key, i, pos), v))
-        hit = children & (tok_N == target)
+          target = argmax(logp_ExV[node] + _gumbel(noise_key(key, i, pos), v))
+        hit = children & (tok_E == target)
         nxt = jnp.argmax(hit)
         ok = alive & jnp.any(hit)
         new_forced = forced
@@ -120,12 +121,12 @@ def verify_tree(logp_BxNxV, tokens_BxN, parents_BxN, q_BxNxV, key, sample_ids_B,
           p_cur, chosen = state
           is_child = children[c] & (chosen < 0)
           u = jax.random.uniform(jax.random.fold_in(stream_key(key, i, pos, ACCEPT_STREAM), c))
-          pc, qc = p_cur[tok_N[c]], q_NxV[c, tok_N[c]]
+          pc, qc = p_cur[tok_E[c]], q_ExV[c, tok_E[c]]
           accept = is_child & (u * qc < pc)
-          p_next = jnp.where(is_child & ~accept, jnp.maximum(p_cur - q_NxV[c], 0.0), p_cur)
+          p_next = jnp.where(is_child & ~accept, jnp.maximum(p_cur - q_ExV[c], 0.0), p_cur)
           p_next = p_next / jnp.maximum(jnp.sum(p_next), 1e-30)
           return (p_next, jnp.where(accept, c, chosen)), None
-        (p_res, chosen), _ = jax.lax.scan(try_child, (p_NxV[node], jnp.int32(-1)), jnp.arange(n))
+        (p_res, chosen), _ = jax.lax.scan(try_child, (p_ExV[node], jnp.int32(-1)), jnp.arange(n))
         ok = alive & (chosen >= 0)
         nxt = jnp.maximum(chosen, 0)
         res_tok = _residual_sample(p_res, jnp.zeros_like(p_res),
@@ -140,4 +141,4 @@ def verify_tree(logp_BxNxV, tokens_BxN, parents_BxN, q_BxNxV, key, sample_ids_B,
     (node, alive, n_acc, forced, path), _ = jax.lax.scan(level, init, jnp.arange(depth))
     return path, n_acc, forced
 
-  return jax.vmap(row)(logp_BxNxV, tokens_BxN, parents_BxN, q_BxNxV, sample_ids_B, t0_B)
+  return jax.vmap(row)(logp_BxExV, tokens_BxE, parents_BxE, q_BxExV, sample_ids_B, t0_B)

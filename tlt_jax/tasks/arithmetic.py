@@ -34,18 +34,23 @@ class TaskConfig:
 
   @classmethod
   def from_dict(cls, d) -> "TaskConfig":
+    """From a config section's generator fields."""
     return cls(**{k: d[k] for k in ("min_steps", "max_steps", "alpha", "max_operand") if k in d})
 
   def max_prompt_chars(self) -> int:
+    """The longest prompt the generator can make, in characters."""
     return (self.max_steps + 1) * (len(str(self.max_operand)) + 1)
 
   def max_solution_chars(self) -> int:
+    """The longest scratchpad solution, in characters."""
     top = (self.max_steps + 1) * self.max_operand
     return self.max_steps * (2 * len(str(top)) + len(str(self.max_operand)) + 3) + len(str(top)) + 1
 
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
+  """One generated arithmetic problem: its prompt, scratchpad solution, answer and step count."""
+
   prompt: str
   solution: str
   answer: int
@@ -53,12 +58,14 @@ class Problem:
 
 
 def step_probs(cfg: TaskConfig) -> np.ndarray:
+  """The truncated power law over step counts (`alpha`)."""
   k = np.arange(cfg.min_steps, cfg.max_steps + 1, dtype=np.float64)
   p = k ** -cfg.alpha
   return p / p.sum()
 
 
 def make_problem(rng: np.random.Generator, cfg: TaskConfig) -> Problem:
+  """One problem drawn from `rng`."""
   steps = int(rng.choice(np.arange(cfg.min_steps, cfg.max_steps + 1), p=step_probs(cfg)))
   value = int(rng.integers(0, cfg.max_operand + 1))
   prompt, lines = [str(value)], []
@@ -73,6 +80,7 @@ def make_problem(rng: np.random.Generator, cfg: TaskConfig) -> Problem:
 
 
 def make_problems(n: int, cfg: TaskConfig, seed: int) -> list[Problem]:
+  """`n` problems from `seed`."""
   rng = np.random.default_rng(seed)
   return [make_problem(rng, cfg) for _ in range(n)]
 
@@ -106,8 +114,10 @@ def progress_reward(response: str, problem: Problem) -> float:
 
 
 def encode_prompt(tok: CharTokenizer, problem: Problem) -> list[int]:
+  """BOS then the prompt's characters."""
   return [tok.bos_id] + tok.encode(problem.prompt)
 
 
 def encode_solution(tok: CharTokenizer, problem: Problem) -> list[int]:
+  """The solution's characters then EOS."""
   return tok.encode(problem.solution) + [tok.eos_id]

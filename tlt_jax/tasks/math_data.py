@@ -15,6 +15,8 @@ INSTRUCTION = "Solve the problem step by step. End with the final answer after '
 
 @dataclasses.dataclass(frozen=True)
 class MathProblem:
+  """A question and its gold final answer, from a GSM8K-format or prompt/answer dataset."""
+
   question: str
   answer: str  # the gold final answer, as written (e.g. "1,234" or "3/4")
 

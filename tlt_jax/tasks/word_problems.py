@@ -18,6 +18,8 @@ _ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "cookies
 
 @dataclasses.dataclass(frozen=True)
 class WordProblemConfig:
+  """The procedural word problems' difficulty: how many changes, and how large the numbers."""
+
   min_steps: int = 1
   max_steps: int = 2
   max_value: int = 20
@@ -30,6 +32,7 @@ class WordProblemConfig:
 
 
 def make_word_problem(rng: np.random.Generator, cfg: WordProblemConfig) -> MathProblem:
+  """One word problem (question, answer) drawn from `rng`."""
   name, item = str(rng.choice(_NAMES)), str(rng.choice(_ITEMS))
   value = int(rng.integers(2, cfg.max_value + 1))
   sentences = [f"{name} has {value} {item}."]
@@ -51,5 +54,6 @@ def make_word_problem(rng: np.random.Generator, cfg: WordProblemConfig) -> MathP
 
 
 def make_word_problems(n: int, cfg: WordProblemConfig, seed: int) -> list[MathProblem]:
+  """`n` word problems from `seed`."""
   rng = np.random.default_rng(seed)
   return [make_word_problem(rng, cfg) for _ in range(n)]

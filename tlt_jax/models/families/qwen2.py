@@ -4,6 +4,7 @@ from tlt_jax.models.families.family import Family
 
 
 def check_hf(hf: dict, source: str) -> None:
+  """Raises where a Qwen2 `config.json` asks for what this decoder does not implement."""
   if hf.get("use_sliding_window"):
     raise ValueError(f"{source}: Qwen2 sliding-window attention is not supported.")
 
