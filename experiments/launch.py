@@ -119,8 +119,9 @@ def _unknown_key(config, arg: str, path: str) -> str:
 
 
 def _is_run_config(config) -> bool:
-  """Whether `config` holds a run's sections (`tlt_jax/rl/config.py`), whose schema applies."""
-  return all(k in config for k in ("model", "rollout", "train"))
+  """Whether `config` holds a run's sections (`tlt_jax/rl/config.py`; a benchmark's take the
+  workload's), whose schema applies."""
+  return all(k in config and hasattr(config[k], "keys") for k in ("model", "rollout"))
 
 
 def _set_field(config, arg: str) -> None:
