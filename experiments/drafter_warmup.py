@@ -33,7 +33,7 @@ def main(argv):
   wc, recipe = workload_config(c), drafter_recipe(c.drafter, ("adaptive", "eval_prompts"))
   ecfg = EngineConfig.from_dict(c.rollout.engine)
   drafter, meta = build_drafter(wc, recipe, c.seed)
-  w = build_workload(wc, c.drafter.eval_prompts, c.seed + 2)  # held-out prompts
+  w = build_workload(wc, c.drafter.eval_prompts, c.seed + 2, split="test")  # held-out prompts
   eval_prompts = w.prompts
   print(f"drafter {provenance(meta)}: {meta['cache']}")
   if _SHIP.value and not meta["shipped"]:

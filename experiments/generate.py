@@ -51,7 +51,7 @@ def main(argv):
   if len(prompt_ids) + _MAX_NEW.value > model.cfg.max_seq_len:
     raise app.UsageError(f"Prompt of {len(prompt_ids)} tokens + max_new_tokens {_MAX_NEW.value} "
                          f"exceeds the model context of {model.cfg.max_seq_len} tokens.")
-  stops = tuple(i for i in (tok.eos_id,) if i is not None)
+  stops = tok.stop_ids  # eos and the ids of the checkpoint's generation_config.json
   params = SamplingParams(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
                           max_new_tokens=_MAX_NEW.value, stop_tokens=stops)
   extra = {}

@@ -100,13 +100,13 @@ def _unknown_key(config, arg: str, path: str) -> str:
   """'' when `arg` sets a field the schema has in a section the config holds; else the one-line
   message naming the nearest known key."""
   parts, run = _override_path(arg), _is_run_config(config)
-  if run and schema.field_type(parts) is not None:
+  if run and schema.field_type(parts, config) is not None:
     return ""
   node = config
   for i, part in enumerate(parts):
     keys = set(node.keys()) if isinstance(node, (ml_collections.ConfigDict, dict)) else set()
     if run:  # the schema's fields and sections there
-      keys |= set(schema.fields(parts[:i])) | {p[i] for p in schema.SECTIONS
+      keys |= set(schema.fields(parts[:i], config)) | {p[i] for p in schema.SECTIONS
                                                 if len(p) > i and p[:i] == parts[:i]}
     if part not in keys or i == len(parts) - 1:
       at = ".".join(["config", *parts[:i]])
@@ -129,7 +129,7 @@ def _set_field(config, arg: str) -> None:
   as needed), the value parsed by the field's type."""
   parts, text = _override_path(arg), arg.split("=", 1)[1] if "=" in arg else ""
   try:
-    value = schema.parse_value(text, schema.field_type(parts))
+    value = schema.parse_value(text, schema.field_type(parts, config))
   except ValueError as e:
     raise SystemExit(f"{arg}: {e}.") from None
   node = config

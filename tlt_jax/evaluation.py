@@ -63,7 +63,7 @@ def evaluate_task(model, task: arithmetic.TaskConfig, *, num_prompts: int, group
   problems = arithmetic.make_problems(num_prompts, task, seed=seed)
   prompt_bucket, max_new = task_lengths(task)
   params = SamplingParams(temperature=temperature, max_new_tokens=max_new,
-                          stop_tokens=(tok.eos_id,))
+                          stop_tokens=tok.stop_ids)
   prompts = [arithmetic.encode_prompt(tok, p) for p in problems]
   score = lambda i, ids: arithmetic.reward(tok.decode(ids), problems[i].answer)
   return _score_groups(model, prompts, score, group_size=group_size, params=params, seed=seed,
@@ -77,7 +77,7 @@ def evaluate_math(model, tokenizer, problems: list[MathProblem], *, group_size: 
   prompts = [tokenizer.encode(chat_prompt(tokenizer, p.question, instruction)) for p in problems]
   bucket = int(-(-max(len(p) for p in prompts) // 32) * 32)
   params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
-                          stop_tokens=(tokenizer.eos_id,))
+                          stop_tokens=tokenizer.stop_ids)
   score = lambda i, ids: verify(tokenizer.decode(ids), problems[i].answer)
   return _score_groups(model, prompts, score, group_size=group_size, params=params, seed=seed,
                        rows_per_call=rows_per_call, pad_id=tokenizer.pad_id, prompt_bucket=bucket,

@@ -1,6 +1,7 @@
 """Workloads by name, built from a run config's `model`, `task` and `rollout` sections: `tiny` on
 the built-in task (warm-started policy) and `smollm2` on the procedural word problems;
-`register_workload` adds one. Also the warm-up drafter's recipe (the `drafter` section). Used by
+`math`, any local model (`model.path`) on dataset files or the word problems; `register_workload`
+adds one. Also the warm-up drafter's recipe (the `drafter` section). Used by
 the benchmarks and the trainer."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from tlt_jax import sft
 from tlt_jax.drafter.model import DrafterConfig
@@ -22,8 +24,10 @@ from tlt_jax.models.precision import Precision
 from tlt_jax.models.pretrained import load_pretrained
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.tokenizer import CharTokenizer
-from tlt_jax.tasks import arithmetic
+from tlt_jax.tasks import arithmetic, rewards
+from tlt_jax.tasks.datasets import Example, held_out, load_examples
 from tlt_jax.tasks.math_answers import verify
+from tlt_jax.tasks.math_data import INSTRUCTION as MATH_INSTRUCTION
 from tlt_jax.tasks.math_data import chat_prompt
 from tlt_jax.tasks.word_problems import WordProblemConfig, make_word_problems
 from tlt_jax.typed import check_keys, typed
@@ -52,6 +56,7 @@ class WorkloadConfig:
 
   name: str
   task: Mapping
+  path: str = ""           # model.path: a local HF folder, a .gguf file or a preset (math)
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
@@ -74,11 +79,12 @@ class WorkloadKind:
   difficulty)` -> (prompts, answers, max_new_tokens, reward_fn). `check_warm_start(recipe)`: set
   when its model section must carry a warm-start recipe, which it checks (None: none allowed)."""
 
-  rewards: tuple[str, ...]
+  rewards: tuple[str, ...] | None   # None: any name of the rewards registry (tasks/rewards.py)
   task: Mapping
   policy: Callable
   build: Callable
   check_warm_start: Callable | None = None
+  takes_path: bool = False   # its policy comes from `model.path`
 
 
 WORKLOADS: dict[str, WorkloadKind] = {}
@@ -104,10 +110,16 @@ def workload_config(c: ml_collections.ConfigDict, rollout_keys=("engine",)) -> W
   """The workload of config `c`, checked before any work: `c.model` (name, warm start), `c.task`
   (keys the workload knows; a reward it offers) and the sampling settings of `c.rollout` (whose
   other keys must be among `rollout_keys`)."""
-  model = check_keys(c.model, "model", ("name", "warm_start", "param_dtype", "compute_dtype"))
+  model = check_keys(c.model, "model",
+                     ("name", "path", "warm_start", "param_dtype", "compute_dtype"))
   kind = get_workload(model.get("name"))
+  if model.get("path") and not kind.takes_path:
+    raise ConfigError(f"config.model.path: the {model['name']} workload has its own model; a "
+                      "path is for config.model.name='math' (experiments/configs/hf_math.py).")
   task = dict(kind.task, **check_keys(c.get("task"), "task", kind.task))
-  if task["reward"] not in kind.rewards:
+  if kind.rewards is None:
+    rewards.reward_fn(task["reward"])  # a one-line error for an unknown or unimportable reward
+  elif task["reward"] not in kind.rewards:
     raise ConfigError(f"config.task.reward={task['reward']!r}: the {model['name']} workload "
                       f"offers {', '.join(map(repr, kind.rewards))}.")
   sampling = check_keys(c.rollout, "rollout", _SAMPLING + tuple(rollout_keys))
@@ -124,20 +136,22 @@ def workload_config(c: ml_collections.ConfigDict, rollout_keys=("engine",)) -> W
     kind.check_warm_start(warm_start)
   precision = typed(Precision, {k: model[k] for k in ("param_dtype", "compute_dtype")
                                 if k in model}, "model")
-  wc = WorkloadConfig(name=model["name"], task=task, warm_start=warm_start,
+  wc = WorkloadConfig(name=model["name"], task=task, path=model.get("path", ""),
+                      warm_start=warm_start,
                       cache_dir=c.get("cache_dir", ""), precision=precision,
                       **{k: sampling[k] for k in _SAMPLING if k in sampling})
   try:
-    sampling_params(wc, wc.max_new_tokens or 1, eos_id=0)
+    sampling_params(wc, wc.max_new_tokens or 1, stop_ids=(0,))
   except ValueError as e:
     raise ConfigError(f"config.rollout: {e}") from None
   return wc
 
 
-def sampling_params(wc: WorkloadConfig, max_new_tokens: int, eos_id: int) -> SamplingParams:
-  """The rollout's sampling parameters for this workload (stop at the tokenizer's EOS)."""
+def sampling_params(wc: WorkloadConfig, max_new_tokens: int, stop_ids: tuple) -> SamplingParams:
+  """The rollout's sampling parameters for this workload (stop at the tokenizer's `stop_ids`:
+  its eos and the ids its generation config lists)."""
   return SamplingParams(temperature=wc.temperature, top_k=wc.top_k, top_p=wc.top_p,
-                        max_new_tokens=max_new_tokens, stop_tokens=(eos_id,))
+                        max_new_tokens=max_new_tokens, stop_tokens=tuple(stop_ids))
 
 
 def _tiny_policy(wc: WorkloadConfig, progress: bool):
@@ -145,7 +159,8 @@ def _tiny_policy(wc: WorkloadConfig, progress: bool):
   return model, CharTokenizer(model.cfg.vocab_size), summary
 
 
-def _tiny(wc: WorkloadConfig, tok, num_prompts: int, seed: int, difficulty: dict):
+def _tiny(wc: WorkloadConfig, tok, num_prompts: int, seed: int, difficulty: dict, split: str):
+  del split  # both sides come from the generator (seeds differ)
   task = arithmetic.TaskConfig.from_dict(wc.warm_start.task)
   _, max_new = task_lengths(task)
   problems = arithmetic.make_problems(num_prompts, narrowed(task, difficulty), seed=seed)
@@ -163,7 +178,8 @@ def _smollm2_policy(wc: WorkloadConfig, progress: bool):
   return model, tok, {"cache": "smollm2", "cached": True}
 
 
-def _smollm2(wc: WorkloadConfig, tok, num_prompts: int, seed: int, difficulty: dict):
+def _smollm2(wc: WorkloadConfig, tok, num_prompts: int, seed: int, difficulty: dict, split: str):
+  del split  # both sides come from the generator (seeds differ)
   problems = make_word_problems(
       num_prompts, narrowed(WordProblemConfig(**wc.task["word_problems"]), difficulty), seed)
   prompts = [tok.encode(chat_prompt(tok, p.question, wc.task["instruction"])) for p in problems]
@@ -185,6 +201,90 @@ register_workload("smollm2", WorkloadKind(
     policy=_smollm2_policy, build=_smollm2))
 
 
+def _math_policy(wc: WorkloadConfig, progress: bool):
+  del progress
+  model, tok = load_pretrained(wc.path or "smollm2")
+  return model, tok, {"cache": wc.path or "smollm2", "cached": True}
+
+
+def _math(wc: WorkloadConfig, tok, num_prompts: int, seed: int, difficulty: dict, split: str):
+  """Prompts from `task.dataset` / `task.test_dataset` (or the word problems without one),
+  rendered for the policy, scored by `task.reward`."""
+  t = wc.task
+  if not wc.max_new_tokens:
+    raise ConfigError("config.rollout.max_new_tokens: the math workload needs a response "
+                      "length (e.g. 256).")
+  score = rewards.reward_fn(t["reward"])
+  reward_fn = lambda ids, answer: score(tok.decode(ids), answer)
+  if not t["dataset"]:
+    problems = make_word_problems(
+        num_prompts, narrowed(WordProblemConfig(**t["word_problems"]), difficulty), seed)
+    examples = [Example(p.question, p.answer) for p in problems]
+  else:
+    examples = split_examples(t, split)
+    order = np.random.default_rng(seed).permutation(len(examples))[:num_prompts]
+    examples = [examples[i] for i in sorted(order)]
+  prompts = [render_prompt(tok, e, t) for e in examples]
+  return prompts, [e.answer for e in examples], wc.max_new_tokens, reward_fn
+
+
+def split_examples(task: Mapping, split: str) -> list[Example]:
+  """The training or held-out side of the task's dataset files: the held-out side is
+  `task.test_dataset`, else the rows of `task.dataset` whose prompt hashes into the held-out
+  `task.test_fraction`; the training side never holds a held-out prompt's text. Held-out
+  prompts are distinct."""
+  keys = (task["prompt_key"], task["answer_key"])
+  train = load_examples(task["dataset"], *keys)
+  if task["test_dataset"]:
+    test = load_examples(task["test_dataset"], *keys)
+  else:
+    test = [e for e in train if held_out(e.text, task["test_fraction"])]
+  if split == "train":
+    seen = {e.text for e in test}
+    return [e for e in train if e.text not in seen]
+  return list({e.text: e for e in test}.values())
+
+
+def render_prompt(tok, e: Example, task: Mapping) -> list[int]:
+  """The prompt's token ids: chat messages through the tokenizer's chat template; text too when
+  `task.chat` (with `task.system_prompt` and `task.instruction`), else as it is."""
+  if isinstance(e.prompt, tuple):
+    messages = list(e.prompt)
+  else:
+    content = f"{e.prompt}\n{task['instruction']}" if task["instruction"] else e.prompt
+    if not task["chat"]:
+      return tok.encode(content)
+    messages = ([{"role": "system", "content": task["system_prompt"]}]
+                if task["system_prompt"] else []) + [{"role": "user", "content": content}]
+  return tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
+
+
+def fitting(w: Workload, longest: int, what: str) -> Workload:
+  """`w` without the prompts longer than `longest` tokens (the largest prefill bucket, or the
+  model's context less the response), saying how many were dropped; a one-line error when none
+  is left."""
+  keep = [i for i, p in enumerate(w.prompts) if len(p) <= longest]
+  if len(keep) == len(w.prompts):
+    return w
+  if not keep:
+    raise ConfigError(f"Every {what} prompt is longer than {longest} tokens (the largest prefill "
+                      "bucket, or the model's context less max_new_tokens); raise "
+                      "config.rollout.engine.prefill_buckets or shorten the prompts.")
+  print(f"[run] dropped {len(w.prompts) - len(keep)} of {len(w.prompts)} {what} prompts longer "
+        f"than {longest} tokens", flush=True)
+  return dataclasses.replace(w, prompts=[w.prompts[i] for i in keep],
+                             answers=[w.answers[i] for i in keep])
+
+
+register_workload("math", WorkloadKind(
+    rewards=None,  # any name of the registry, a sum, or module:function
+    task={"reward": "math", "difficulty": {}, "dataset": "", "test_dataset": "",
+          "test_fraction": 0.1, "prompt_key": "", "answer_key": "", "chat": True,
+          "system_prompt": "", "instruction": MATH_INSTRUCTION,
+          "word_problems": {"min_steps": 1, "max_steps": 2, "max_value": 20}},
+    policy=_math_policy, build=_math, takes_path=True))
+
+
 def starting_policy(wc: WorkloadConfig, progress: bool = True):
   """The workload's policy before RL under its precision policy: (model, tokenizer, summary).
   For `tiny` the SFT warm start: shipped, cached, or trained and cached (`summary` says
@@ -194,7 +294,8 @@ def starting_policy(wc: WorkloadConfig, progress: bool = True):
 
 
 def build_workload(wc: WorkloadConfig, num_prompts: int, seed: int,
-                   difficulty: Mapping | None = None, *, policy=None) -> Workload:
+                   difficulty: Mapping | None = None, *, policy=None,
+                   split: str = "train") -> Workload:
   """Model, tokenised prompts, answers, sampling params and reward of `num_prompts` problems
   drawn with `seed`.
 
@@ -203,11 +304,15 @@ def build_workload(wc: WorkloadConfig, num_prompts: int, seed: int,
   `difficulty` overrides fields of the task's problem generator (`tiny`: `TaskConfig`, e.g.
   `min_steps`/`max_steps`; `smollm2`: `WordProblemConfig`) for these prompts only, e.g. an RL
   prompt pool focused where groups get mixed rewards; lengths and sampling stay the task's own.
+
+  `split`: "train" (the RL pool) or "test" (held-out prompts). The `math` workload's dataset
+  files keep the two apart (`task.test_dataset`, else a stable hash split of `task.dataset`);
+  the generated tasks draw both from their generator with different seeds.
   """
   model, tok = (policy or starting_policy(wc, progress=False))[:2]
   prompts, answers, max_new, reward_fn = get_workload(wc.name).build(
-      wc, tok, num_prompts, seed, dict(difficulty or {}))
-  params = sampling_params(wc, wc.max_new_tokens or max_new, tok.eos_id)
+      wc, tok, num_prompts, seed, dict(difficulty or {}), split)
+  params = sampling_params(wc, wc.max_new_tokens or max_new, tok.stop_ids)
   return Workload(model, tok, prompts, answers, params, reward_fn)
 
 

@@ -52,13 +52,13 @@ def test_loaders_gsm8k_generic_and_errors(tmp_path):
   assert load_math_dataset(str(gen))[0].answer == "3/4"
   bad = tmp_path / "bad.jsonl"
   bad.write_text(json.dumps({"q": 1}) + "\n")
-  with pytest.raises(ValueError, match="expected question/answer"):
+  with pytest.raises(ValueError, match="bad.jsonl, row 1: columns q fit no known format"):
     load_math_dataset(str(bad))
   broken = tmp_path / "broken.jsonl"
   broken.write_text("{not json\n")
-  with pytest.raises(ValueError, match="broken.jsonl:1 is not valid JSON"):
+  with pytest.raises(ValueError, match="broken.jsonl, row 1: not valid JSON"):
     load_math_dataset(str(broken))
-  with pytest.raises(FileNotFoundError, match="does not exist"):
+  with pytest.raises(ValueError, match="does not exist"):
     load_math_dataset(str(tmp_path / "missing.jsonl"))
 
 

@@ -53,6 +53,8 @@ def target_fingerprint(target) -> str:
   """A short hash of the target's weights and config (which drafter belongs to which policy),
   whatever its compute dtype: a policy run in bf16 uses the drafter of its float32 self."""
   h = hashlib.sha256(repr(target.cfg.replace(dtype="float32")).encode())
+  if target.cfg.llama3_rope is not None:  # not in the config's repr
+    h.update(repr(target.cfg.llama3_rope).encode())
   for x in jax.tree.leaves(nnx.state(target, nnx.Param)):
     a = np.asarray(x)
     h.update(a.tobytes()[:4096])
@@ -142,7 +144,8 @@ def save_drafter(drafter: Drafter, directory: str, meta: dict) -> None:
 
 def _drafter_config(configs: dict, target, where: str) -> DrafterConfig:
   """The drafter config saved in `configs`, after checking it was made for `target`."""
-  same = lambda d: {**d, "head_dim": d.get("head_dim") or d["d_model"] // d["n_heads"]}
+  same = lambda d: {**{k: v for k, v in d.items() if not (k == "llama3_rope" and v is None)},
+                    "head_dim": d.get("head_dim") or d["d_model"] // d["n_heads"]}
   if configs.get("target_config") and same(configs["target_config"]) != same(target.cfg.to_dict()):
     raise ValueError(f"The drafter in {where} was made for another target "
                      f"({configs['target_config']}); warm up one for this policy.")

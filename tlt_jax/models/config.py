@@ -40,6 +40,10 @@ class ModelConfig:
   max_seq_len: int = 512
   dtype: str = "float32"
   param_dtype: str = "float32"
+  # Llama 3.1's RoPE scaling: (factor, low_freq_factor, high_freq_factor, original context);
+  # None: plain RoPE. Left out of repr, so the keys of existing policies' artifacts stay as
+  # they were; `target_fingerprint` and the executable pool add it where it is set.
+  llama3_rope: tuple | None = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",

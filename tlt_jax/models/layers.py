@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -24,11 +26,27 @@ class RMSNorm(nnx.Module):
     return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
 
 
-def apply_rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array, theta: float, layout: str
-               ) -> jax.Array:
-  """Rotary position embedding in the HF rotate-half or the GGUF interleaved-pair layout."""
-  h = x_BxTxNxH.shape[-1]
+def rope_inv_freq(h: int, theta: float, llama3=None) -> jax.Array:
+  """RoPE's `[H / 2]` inverse frequencies; with `llama3` = (factor, low_freq_factor,
+  high_freq_factor, original context) Llama 3.1's scaling: long wavelengths divided by the
+  factor, short ones kept, those between interpolated."""
   inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+  if llama3 is None:
+    return inv_freq
+  factor, low, high, context = llama3
+  wavelen = 2 * math.pi / inv_freq
+  scaled = jnp.where(wavelen > context / low, inv_freq / factor, inv_freq)
+  smooth = (context / wavelen - low) / (high - low)
+  medium = (wavelen >= context / high) & (wavelen <= context / low)
+  return jnp.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+
+
+def apply_rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array, theta: float, layout: str,
+               llama3=None) -> jax.Array:
+  """Rotary position embedding in the HF rotate-half or the GGUF interleaved-pair layout (with
+  Llama 3.1's frequency scaling when `llama3` gives its parameters)."""
+  h = x_BxTxNxH.shape[-1]
+  inv_freq = rope_inv_freq(h, theta, llama3)
   angles_BxTxH2 = positions_BxT[..., None].astype(jnp.float32) * inv_freq
   cos = jnp.cos(angles_BxTxH2)[:, :, None, :]
   sin = jnp.sin(angles_BxTxH2)[:, :, None, :]
@@ -131,8 +149,8 @@ class Attention(nnx.Module):
     v = qkv_BxTxKxG2xH[..., g + 1, :]
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
-    q = apply_rope(q, positions_BxT, cfg.rope_theta, cfg.rope_layout)
-    k = apply_rope(k, positions_BxT, cfg.rope_theta, cfg.rope_layout)
+    q = apply_rope(q, positions_BxT, cfg.rope_theta, cfg.rope_layout, cfg.llama3_rope)
+    k = apply_rope(k, positions_BxT, cfg.rope_theta, cfg.rope_layout, cfg.llama3_rope)
     return q, k, v
 
   def out(self, attn_BxTxNxH):

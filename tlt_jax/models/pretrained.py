@@ -18,6 +18,7 @@ from safetensors.numpy import load_file, save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
 
+from tlt_jax.errors import ConfigError
 from tlt_jax.models import weights
 from tlt_jax.models.config import PRESETS, ModelConfig
 from tlt_jax.models.families import family_of_architectures
@@ -38,9 +39,17 @@ def config_from_hf(hf: dict, source: str, dtype: str = "float32") -> ModelConfig
   """Maps a Hugging Face `config.json` dict of one of the `families` to a `ModelConfig`."""
   family = family_of_architectures(hf.get("architectures") or [], source)
   family.check_hf(hf, source)
+  # `rope_scaling` + `rope_theta` as the hub carries them, or transformers 5's `rope_parameters`.
   rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
-  if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
-    raise ValueError(f"{source}: RoPE scaling {rope} is not supported (only plain RoPE).")
+  kind = rope.get("rope_type", rope.get("type", "default"))
+  llama3 = None
+  if kind == "llama3":
+    llama3 = (float(rope["factor"]), float(rope["low_freq_factor"]),
+              float(rope["high_freq_factor"]),
+              int(rope.get("original_max_position_embeddings") or hf["max_position_embeddings"]))
+  elif kind not in ("default", None):
+    raise ConfigError(f"{source}: RoPE scaling of type {kind!r} is not supported (plain RoPE and "
+                      "'llama3' are).")
   theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
   return ModelConfig(
       vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
@@ -49,7 +58,8 @@ def config_from_hf(hf: dict, source: str, dtype: str = "float32") -> ModelConfig
       d_ff=hf["intermediate_size"], head_dim=hf.get("head_dim"), rope_theta=float(theta),
       rope_layout="half", norm_eps=float(hf.get("rms_norm_eps", 1e-6)), family=family.name,
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      max_seq_len=int(hf.get("max_position_embeddings", 4096)), dtype=dtype, param_dtype=dtype)
+      max_seq_len=int(hf.get("max_position_embeddings", 4096)), dtype=dtype, param_dtype=dtype,
+      llama3_rope=llama3)
 
 
 def config_to_hf(cfg: ModelConfig, tokenizer: TextTokenizer | None) -> dict:
@@ -64,6 +74,10 @@ def config_to_hf(cfg: ModelConfig, tokenizer: TextTokenizer | None) -> dict:
       "tie_word_embeddings": cfg.tie_embeddings, "max_position_embeddings": cfg.max_seq_len,
       "torch_dtype": "float32", **dict(family.hf_keys),
   }
+  if cfg.llama3_rope is not None:
+    factor, low, high, context = cfg.llama3_rope
+    out["rope_scaling"] = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                           "high_freq_factor": high, "original_max_position_embeddings": context}
   if tokenizer is not None:
     out.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id)
   return out

@@ -16,7 +16,7 @@ class TextTokenizer:
   """Encodes and decodes text and renders chat messages with the checkpoint's own template."""
 
   def __init__(self, tokenizer, *, bos_token: str | None, eos_token: str | None,
-               chat_template: str | None, add_bos: bool = False):
+               chat_template: str | None, add_bos: bool = False, extra_stop_ids=()):
     self.tokenizer = tokenizer
     self.bos_token, self.eos_token = bos_token, eos_token
     self.chat_template = chat_template
@@ -25,6 +25,9 @@ class TextTokenizer:
     self.eos_id = tokenizer.token_to_id(eos_token) if eos_token else None
     self.pad_id = self.eos_id if self.eos_id is not None else 0
     self.vocab_size = tokenizer.get_vocab_size()
+    # Where generation stops: eos, and every id a chat model's generation_config.json lists.
+    self.stop_ids = tuple(dict.fromkeys(
+        i for i in (self.eos_id, *extra_stop_ids) if i is not None))
 
   def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
     """Token ids of `text`."""
@@ -81,7 +84,19 @@ class TextTokenizer:
     if template is None and os.path.exists(jinja_path):
       template = open(jinja_path).read()
     return cls(tok, bos_token=token(cfg.get("bos_token")), eos_token=token(cfg.get("eos_token")),
-               chat_template=template, add_bos=bool(cfg.get("add_bos_token", False)))
+               chat_template=template, add_bos=bool(cfg.get("add_bos_token", False)),
+               extra_stop_ids=generation_stop_ids(directory))
+
+
+def generation_stop_ids(directory: str) -> tuple[int, ...]:
+  """The `eos_token_id`s of a folder's `generation_config.json` (an int or a list; none when the
+  file is absent)."""
+  path = os.path.join(directory, "generation_config.json")
+  if not os.path.exists(path):
+    return ()
+  ids = json.load(open(path)).get("eos_token_id")
+  ids = [] if ids is None else ids if isinstance(ids, list) else [ids]
+  return tuple(int(i) for i in ids)
 
 
 PAD, BOS, EOS = 0, 1, 2
@@ -92,6 +107,7 @@ class CharTokenizer:
   """Maps each character of the task's alphabet to one id; ids 0-2 are PAD, BOS, EOS."""
 
   pad_id, bos_id, eos_id = PAD, BOS, EOS
+  stop_ids = (EOS,)
 
   def __init__(self, vocab_size: int = 32):
     self.chars = _CHARS

@@ -102,20 +102,34 @@ class Checkpoints(Hook):
 
 
 class Export(Hook):
-  """After the last step, the final policy as a Hugging Face folder and, with an adaptive
-  drafter, the drafter next to it (orbax + config), in `out_dir/export`:
-  `experiments.generate --model=DIR/policy --drafter=DIR/drafter`."""
+  """The policy as a Hugging Face folder and, with an adaptive drafter, the drafter next to it
+  (orbax + config; `experiments.generate --model=DIR/policy --drafter=DIR/drafter` reads them):
+  every `every` steps into `out_dir/export/step_<N>` (0: never), and after the last step into
+  `out_dir/export` when `final`."""
+
+  def __init__(self, final: bool, every: int = 0):
+    self.final, self.every = final, every
+
+  def after_record(self, trainer) -> None:
+    """An export at every `every`-th step before the last."""
+    if self.every and trainer.step % self.every == 0 and trainer.step < trainer.steps:
+      self._export(trainer, os.path.join(trainer.out_dir, "export", f"step_{trainer.step}"))
 
   def at_end(self, trainer, history: list[dict]) -> None:
-    """Writes the export, on process 0, when the run trained."""
-    if not history or not distributed.is_writer():
-      return
-    directory = os.path.join(trainer.out_dir, "export")
-    save_pretrained(nnx.merge(trainer.updater.graphdef, trainer.policy), trainer.w.tokenizer,
-                    os.path.join(directory, "policy"))
-    if trainer.adaptive is not None:
-      trainer.adaptive.export(directory, {"rl_step": trainer.step})
-    print(f"[trainer] exported the final policy (and drafter) to {directory}")
+    """The final export, when the run trained."""
+    if history and self.final:
+      directory = self._export(trainer, os.path.join(trainer.out_dir, "export"))
+      if distributed.is_writer():
+        print(f"[trainer] exported the final policy (and drafter) to {directory}")
+
+  @staticmethod
+  def _export(trainer, directory: str) -> str:
+    if distributed.is_writer():
+      save_pretrained(nnx.merge(trainer.updater.graphdef, trainer.policy), trainer.w.tokenizer,
+                      os.path.join(directory, "policy"))
+      if trainer.adaptive is not None:
+        trainer.adaptive.export(directory, {"rl_step": trainer.step})
+    return directory
 
 
 class StopSpotTraining(Hook):
@@ -133,6 +147,6 @@ def loop_hooks(trainer, writer: RunWriter) -> list[Hook]:
     hooks.append(Evaluation(writer, trainer.loop.eval_every))
   if trainer.ckpt is not None:
     hooks.append(Checkpoints(trainer.loop.checkpoint_every))
-  if trainer.loop.export:
-    hooks.append(Export())
+  if trainer.loop.export or trainer.loop.export_every:
+    hooks.append(Export(trainer.loop.export, trainer.loop.export_every))
   return hooks

@@ -7,12 +7,50 @@ TensorFlow (its default writer imports it), which the project does not install."
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
 import json
 import os
+import subprocess
+import sys
 
 from tensorboardX import SummaryWriter
 
 METRICS, EVALS, ROLLOUTS = "metrics.jsonl", "eval.jsonl", "rollouts.jsonl"
+RUN_RECORD = "config.json"
+_PACKAGES = ("tlt_jax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
+
+
+def write_run_record(out_dir: str, run_config) -> str:
+  """`out_dir/config.json`: the run's settings as its typed sections read them, the versions of
+  the packages that shape a run, and the git commit of the checkout it ran from (None outside
+  one; `git_dirty` when it had uncommitted changes). Rewritten by each launch of the run."""
+  versions = {"python": sys.version.split()[0]}
+  for name in _PACKAGES:
+    try:
+      versions[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      versions[name] = None
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  git = lambda *a: subprocess.run(["git", "-C", root, *a], capture_output=True, text=True,
+                                  timeout=10)
+  try:
+    head = git("rev-parse", "HEAD")
+    commit = head.stdout.strip() if head.returncode == 0 else None
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no").stdout.strip()) if commit \
+        else None
+  except (OSError, subprocess.SubprocessError):
+    commit = dirty = None
+  config = dataclasses.asdict(run_config)
+  config["learner"] = {"name": run_config.learner.name, **config["learner"]}
+  record = {"config": config, "versions": versions,
+            "git_commit": commit, "git_dirty": dirty}
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, RUN_RECORD)
+  with open(path, "w") as f:
+    json.dump(record, f, indent=1, default=lambda o: o.to_dict() if hasattr(o, "to_dict")
+              else str(o))
+  return path
 
 
 class RunWriter:

@@ -8,14 +8,16 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import jax
 import numpy as np
 
 from tlt_jax import distributed
 from tlt_jax.hashing import content_digest, provenance
 from tlt_jax.rl.compare import compare_runs, heldout_change, read_metrics
 from tlt_jax.rl.config import RunConfig
+from tlt_jax.rl.metrics import write_run_record
 from tlt_jax.rl.trainer import Trainer
-from tlt_jax.workloads import build_drafter, build_workload, starting_policy
+from tlt_jax.workloads import build_drafter, build_workload, fitting, starting_policy
 
 
 @dataclasses.dataclass
@@ -64,11 +66,16 @@ def build_trainer(rc: RunConfig, progress: bool = True, stages: Stages | None = 
   stages = stages or run_stages(rc, progress)
   w = build_workload(rc.workload, rc.num_prompts, rc.seed, rc.workload.task["difficulty"],
                      policy=stages.policy)
+  # A prompt must fit the largest prefill bucket and, with its response, the model's context.
+  longest = min(rc.engine.prefill_buckets[-1],
+                w.model.cfg.max_seq_len - w.params.max_new_tokens - rc.engine.cache_slack)
+  w = fitting(w, longest, "training")
   eval_prompts = eval_answers = None
   if rc.loop.eval_every:
-    held_out = build_workload(rc.workload, rc.eval_prompts, rc.seed + 7919,  # other problems
-                              policy=stages.policy)
-    eval_prompts, eval_answers = held_out.prompts, held_out.answers
+    held_out = fitting(build_workload(rc.workload, rc.eval_prompts, rc.seed + 7919,
+                                      policy=stages.policy, split="test"), longest, "held-out")
+    n = len(held_out.prompts) - len(held_out.prompts) % jax.process_count()
+    eval_prompts, eval_answers = held_out.prompts[:n], held_out.answers[:n]
   return Trainer(w, rc.loop, engine_cfg=rc.engine, learner=rc.learner, optim=rc.optim,
                  spec=rc.spec, drafter=stages.drafter, adaptive=rc.adaptive,
                  eval_prompts=eval_prompts, eval_answers=eval_answers)
@@ -107,6 +114,8 @@ def start(rc: RunConfig) -> int:
 def run(rc: RunConfig, progress: bool = True) -> dict:
   """Runs (or resumes, or finds finished) `rc`; returns its summary and its warm-up's figures."""
   start(rc)
+  if distributed.is_writer():
+    write_run_record(rc.out_dir, rc)
   trainer = build_trainer(rc, progress)
   return dict(summarize(rc.name, rc.out_dir, trainer.run(progress=progress)),
               **trainer.warmup_report)

@@ -25,7 +25,7 @@ from tlt_jax.rl.trainer import LoopConfig
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.spec.strategy import SpecConfig
-from tlt_jax.workloads import DrafterRecipe, WorkloadConfig
+from tlt_jax.workloads import WORKLOADS, DrafterRecipe, WorkloadConfig
 
 # Section path -> the dataclass whose fields it holds.
 SECTIONS: dict[tuple[str, ...], type] = {
@@ -49,7 +49,7 @@ SECTIONS: dict[tuple[str, ...], type] = {
 }
 # Fields a section holds beside (or instead of) its dataclass's, with their types.
 EXTRA = {
-    ("model",): {"name": "str"},
+    ("model",): {"name": "str", "path": "str"},
     ("rl",): {"learner": "str"},
     ("train",): {"num_prompts": "int", "eval_prompts": "int"},
 }
@@ -62,8 +62,13 @@ EXCLUDED = {
 }
 
 
-def fields(section: tuple[str, ...]) -> dict[str, str]:
-  """The settable fields of a section path and their types (as written in the dataclass)."""
+def fields(section: tuple[str, ...], config=None) -> dict[str, str]:
+  """The settable fields of a section path and their types (as written in the dataclass); the
+  `task` section's are the workload's task settings (`config.model.name`'s)."""
+  if section == ("task",) and config is not None and config.get("model"):
+    kind = WORKLOADS.get(config.model.get("name"))
+    return {k: type(v).__name__ for k, v in (kind.task if kind else {}).items()
+            if not isinstance(v, dict)}
   out = {}
   if section in SECTIONS:
     out = {f.name: f.type if isinstance(f.type, str) else f.type.__name__
@@ -87,10 +92,10 @@ def defaults(section: tuple[str, ...]) -> dict:
   return out
 
 
-def field_type(path: tuple[str, ...]) -> str | None:
+def field_type(path: tuple[str, ...], config=None) -> str | None:
   """The type of the field at `path` (e.g. ("train", "mini_batches") -> "int"), None when no
   section of the schema has it."""
-  return fields(tuple(path[:-1])).get(path[-1]) if len(path) > 1 else None
+  return fields(tuple(path[:-1]), config).get(path[-1]) if len(path) > 1 else None
 
 
 def parse_value(text: str, type_name: str):

@@ -64,7 +64,8 @@ class LoopConfig:
   (data, fsdp, tp) mesh; held-out
   evaluation every `eval_every` steps (0: off) with `eval_group_size` samples per prompt; a
   checkpoint every `checkpoint_every` steps (0: off), the last `keep` kept; `export` the final
-  policy (and drafter) to `out_dir/export`."""
+  policy (and drafter) to `out_dir/export`, and every `export_every` steps (0: off) to
+  `out_dir/export/step_<N>`."""
 
   out_dir: str
   steps: int
@@ -80,6 +81,7 @@ class LoopConfig:
   eval_every: int = 0
   eval_group_size: int = 4
   export: bool = False
+  export_every: int = 0
 
   def __post_init__(self):
     for name in ("steps", "prompts_per_step", "group_size", "micro_batches", "mini_batches",
@@ -90,8 +92,9 @@ class LoopConfig:
     if len(mesh) not in (2, 3) or any(not isinstance(m, int) or m < 1 for m in mesh):
       raise ValueError(f"mesh_shape must be (data, fsdp) or (data, fsdp, tp) with integers >= 1, "
                        f"got {mesh}.")
-    if min(self.checkpoint_every, self.eval_every) < 0 or self.keep < 1:
-      raise ValueError("checkpoint_every and eval_every must be >= 0 (0: off), keep >= 1.")
+    if min(self.checkpoint_every, self.eval_every, self.export_every) < 0 or self.keep < 1:
+      raise ValueError("checkpoint_every, eval_every and export_every must be >= 0 (0: off), "
+                       "keep >= 1.")
 
 
 def check_layout(loop: LoopConfig, engine_cfg: EngineConfig, pool: list, eval_prompts):
@@ -218,8 +221,9 @@ class Trainer:
   def train_step(self) -> tuple[dict, dict]:
     """One RL step, as named stages: sample (the rollout; the drafter's hooks around it), score,
     select (the learner's groups, with top-up rounds when it asks for them), advantages, update,
-    sync, drafter, record. Returns (metrics, rollout record)."""
-    t0, built = time.perf_counter(), compiles.Since()
+    sync, drafter, record. Returns (metrics, rollout record); `run` adds the programs built
+    during the step and its hooks (`compile_events`, `compile_s`)."""
+    t0 = time.perf_counter()
     self._collective_s, self._collective_bytes = 0.0, 0
     first, res, drafter_metrics = self._sample()
     chosen, select_metrics = self._select(first)
@@ -248,15 +252,14 @@ class Trainer:
         "rollout_s": round(t_rollout, 4), "tail_s": round(tail_seconds(res), 4),
         "update_s": round(t_update, 4), "weight_sync_s": round(t_sync, 4),
         "collective_s": round(self._collective_s, 4),
-        "collective_bytes": int(self._collective_bytes), "drafter_s": 0.0,
-        "idle_device_s": round(float(sum(summary["shard_idle_s"])), 4), "idle_used_s": 0.0,
+        "collective_bytes": int(self._collective_bytes),
+        "idle_device_s": round(float(sum(summary["shard_idle_s"])), 4),
         "tokens_per_s": summary["tokens_per_s"], "sd_on_fraction": summary["sd_on_fraction"],
         "accept_len": summary.get("spec", {}).get("accept_len", 0.0),
         "drafter_version": self.engine.weights.drafter_version,
         "logprob_mismatch_max": mismatch,
         **{f"{learner.name}/{k}": v for k, v in (metrics | select_metrics).items()},
-        **drafter_metrics,
-        "compile_events": built.events, "compile_s": round(built.seconds, 3),
+        **(drafter_metrics or {"drafter_s": 0.0, "idle_used_s": 0.0}),
         "step_s": round(time.perf_counter() - t0, 4),
     }
     out["rollout_share"] = round(out["rollout_s"] / out["step_s"], 4)

@@ -113,7 +113,8 @@ class Programs:
     """What, besides the pool key, determines a compiled program: the source it traces, the
     model, the weights' shapes, the devices and the engine's settings."""
     shapes = jax.tree.map(lambda x: (x.shape, str(x.dtype)), self.weights.abstract(0))
-    return "|".join([jax.__version__, repr(self.model_cfg), repr(shapes), traced_source_digest(),
+    return "|".join([jax.__version__, repr(self.model_cfg), repr(self.model_cfg.llama3_rope),
+                     repr(shapes), traced_source_digest(),
                      repr(self.pad_id), repr([m.devices.tolist() for m in self.meshes]),
                      repr(self.cfg), repr(spec)])
 

@@ -19,6 +19,12 @@ _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:)", re.IGNORECASE)
 
 
+def boxed_content(text: str) -> str | None:
+  """The content of the last `\\boxed{...}` in `text` (one level of nested braces), or None."""
+  found = _BOXED.findall(text)
+  return found[-1].strip() if found else None
+
+
 def parse_number(text: str) -> Fraction | None:
   """The first number in `text` as an exact fraction, or None."""
   text = _FRAC_TEX.sub(lambda m: f"{m.group(1)}/{m.group(2)}", text)

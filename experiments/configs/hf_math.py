@@ -1,0 +1,67 @@
+"""GRPO on your own model and data: a local Hugging Face folder (Llama, Qwen2, Qwen3), a `.gguf`
+file or a preset as `model.path`, and dataset files as `task.dataset` / `task.test_dataset`
+(`.jsonl`, `.json`, `.parquet`: GSM8K, MATH, verl's RL parquet, or any columns named by
+`task.prompt_key` / `task.answer_key`; see tlt_jax/tasks/datasets.py). Without a test file the
+held-out set is the held-out side of the training file (`task.test_fraction` of prompt space, by
+a stable hash of the prompt). The reward is `task.reward` (tlt_jax/tasks/rewards.py).
+
+Run:
+  python -m experiments.train_grpo --config=experiments/configs/hf_math.py \
+    --config.model.path=/path/to/Qwen2.5-0.5B-Instruct \
+    --config.task.dataset=gsm8k/train.jsonl --config.task.test_dataset=gsm8k/test.jsonl
+Variants, combined with commas: `tlt` (speculative decoding under `coupled` and the adaptive
+drafter, warmed up from the model's own rollouts), `small` (sized for CPU tests):
+  python -m experiments.train_grpo --config=experiments/configs/hf_math.py:tlt,small \
+    --config.model.path=DIR --config.task.dataset=train.jsonl --config.task.test_dataset=test.jsonl
+The warm-up drafter alone (cached by model and data; `:tlt` then loads it):
+  python -m experiments.drafter_warmup --config=experiments/configs/hf_math.py:drafter \
+    --config.model.path=DIR --config.task.dataset=train.jsonl
+"""
+
+import ml_collections
+
+from experiments.configs import base
+
+CD = ml_collections.ConfigDict
+VARIANTS = ("tlt", "small", "drafter")
+
+
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+  chosen = [v for v in variant.split(",") if v]
+  unknown = [v for v in chosen if v not in VARIANTS]
+  if unknown:
+    raise ValueError(f"Unknown variant {unknown[0]!r}; combine {', '.join(VARIANTS)} with commas.")
+  small = "small" in chosen
+  c = CD()
+  c.name = "hf_math"
+  c.out_dir = "runs/hf_math"
+  c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
+  c.seed = 0
+  c.model = CD(dict(name="math", path=""))
+  c.task = CD(dict(dataset="", test_dataset=""))
+  c.rollout = CD(dict(temperature=0.9, max_new_tokens=16 if small else 512))
+  c.rollout.engine = CD(dict(prefill_buckets=(64, 128, 256, 512)))
+  if small:
+    c.rollout.engine.update(dict(batch_buckets=(4, 8), max_batch=8))
+  c.spec = CD()
+  c.drafter = CD()
+  c.rl = base.rl(lr=1e-6 if not small else 1e-5, warmup_steps=0 if small else 10)
+  c.distributed = base.distributed()
+  c.train = base.train(steps=2 if small else 200, num_prompts=100_000, prompts_per_step=2 if small
+                       else 32, group_size=4 if small else 8, eval_every=2 if small else 20,
+                       eval_prompts=4 if small else 256, checkpoint_every=1 if small else 20)
+  if small:
+    c.train.eval_group_size = 2
+  if "tlt" in chosen or "drafter" in chosen:
+    c.spec = base.spec((("eagle", 3, 0), ("plain", 1, 0)), threshold=4 if small else 8)
+    c.drafter = base.smollm2_drafter(small)
+    c.drafter.model = CD(dict(ce_weight=0.5))  # the model's own head, whole
+    if small:
+      c.drafter.warmup.seq_len = 64
+    c.drafter.adaptive = base.adaptive(small)
+    c.train.export = True
+  if "drafter" in chosen:  # `experiments.drafter_warmup`'s config: the recipe, on one device
+    c.name = "hf_math_drafter"
+    c.drafter.adaptive = CD()
+    c.drafter.eval_prompts = 2 if small else 16
+  return c
