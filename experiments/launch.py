@@ -50,9 +50,11 @@ def _parse_flags(argv: list[str]) -> list[str]:
   schema has, an unparsable value or a config file that fails to load ends the process with one
   line naming it, before any work."""
   added = []
-  if any(a.startswith("--config.") for a in argv):
-    config, path = _load_config(argv)
-    for arg in [a for a in argv if a.startswith("--config.")]:
+  # Only this launcher's own flags: what follows `--` is another command's (`launch_local`).
+  own = argv[:argv.index("--")] if "--" in argv else argv
+  if "config" in flags.FLAGS and any(a.startswith("--config.") for a in own):
+    config, path = _load_config(own)
+    for arg in [a for a in own if a.startswith("--config.")]:
       if _has_path(config, _override_path(arg)):
         continue
       error = _unknown_key(config, arg, path)
@@ -60,9 +62,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
         raise SystemExit(error)
       added.append(arg)
   # ml_collections reads its overrides from sys.argv itself: the added ones must leave it too.
-  sys.argv[:] = [a for a in sys.argv if a not in added]
+  sys.argv[:] = [a for i, a in enumerate(sys.argv) if a not in added or "--" in sys.argv[:i]]
   try:
-    rest = flags.FLAGS([a for a in argv if a not in added])
+    rest = flags.FLAGS([a for i, a in enumerate(argv) if a not in added or "--" in argv[:i]])
   except flags.Error as e:
     lines = [line for line in str(e).splitlines() if line.strip()]
     raise SystemExit(f"{lines[0]} {lines[-1]}" if len(lines) > 1 else lines[0]) from None
