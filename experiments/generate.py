@@ -40,6 +40,26 @@ _TREE = flags.DEFINE_list("draft_tree", None, "TOPK,NODES: draft an EAGLE-2 tree
                           "(default: a chain).")
 
 
+def generate(model, tok, prompt_ids: list[int], params: SamplingParams, seed: int = 0,
+             drafter_dir: str | None = None, depth: int = 4,
+             tree: tuple[int, int] | None = None) -> tuple[list[int], dict]:
+  """The completion's token ids of `prompt_ids`, and with a drafter artifact (`drafter_dir`:
+  served with speculative decoding, a chain of `depth` or a `tree` of (topk, nodes)) its
+  accepted length."""
+  if not drafter_dir:
+    gen = generate_plain(model, [prompt_ids], jax.random.key(seed), params, pad_id=tok.pad_id)
+    return gen.response(0), {}
+  drafter, _ = load_drafter(drafter_dir, model)
+  arm = (Strategy("tree", depth=depth, topk=tree[0], nodes=tree[1]) if tree
+         else Strategy("eagle", depth=depth))
+  spec = SpecConfig(threshold=1, arms=(arm,), min_accept_len=0.0)
+  engine = RolloutEngine(model, EngineConfig(batch_buckets=(1,), max_batch=1,
+                                             prefill_buckets=(max(16, len(prompt_ids)),)),
+                         pad_id=tok.pad_id, spec=spec, drafter=EagleProposer(drafter))
+  ids = engine.generate([prompt_ids], 1, params, jax.random.key(seed)).response(0)
+  return ids, {"accept_len": round(engine.spec.accept_len(), 3)}
+
+
 def main(argv):
   del argv
   model, tok = load_pretrained(_MODEL.value)
@@ -54,26 +74,11 @@ def main(argv):
   stops = tok.stop_ids  # eos and the ids of the checkpoint's generation_config.json
   params = SamplingParams(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
                           max_new_tokens=_MAX_NEW.value, stop_tokens=stops)
-  extra = {}
-  if _DRAFTER.value:
-    drafter, _ = load_drafter(_DRAFTER.value, model)
-    if _TREE.value:
-      if len(_TREE.value) != 2:
-        raise app.UsageError(f"--draft_tree takes TOPK,NODES, got {','.join(_TREE.value)}.")
-      topk, nodes = (int(x) for x in _TREE.value)
-      arm = Strategy("tree", depth=_DEPTH.value, topk=topk, nodes=nodes)
-    else:
-      arm = Strategy("eagle", depth=_DEPTH.value)
-    spec = SpecConfig(threshold=1, arms=(arm,), min_accept_len=0.0)
-    engine = RolloutEngine(model, EngineConfig(batch_buckets=(1,), max_batch=1,
-                                               prefill_buckets=(max(16, len(prompt_ids)),)),
-                           pad_id=tok.pad_id, spec=spec, drafter=EagleProposer(drafter))
-    ids = engine.generate([prompt_ids], 1, params, jax.random.key(_SEED.value)).response(0)
-    extra = {"accept_len": round(engine.spec.accept_len(), 3)}
-  else:
-    gen = generate_plain(model, [prompt_ids], jax.random.key(_SEED.value), params,
-                         pad_id=tok.pad_id)
-    ids = gen.response(0)
+  if _TREE.value and len(_TREE.value) != 2:
+    raise app.UsageError(f"--draft_tree takes TOPK,NODES, got {','.join(_TREE.value)}.")
+  tree = tuple(int(x) for x in _TREE.value) if _TREE.value else None
+  ids, extra = generate(model, tok, prompt_ids, params, _SEED.value, _DRAFTER.value,
+                        _DEPTH.value, tree)
   completion = tok.decode(ids)
   print(completion)
   if _JSON.value:

@@ -11,6 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from experiments.generate import generate  # noqa: E402
+from tests.test_launchers import last_json, run_module  # noqa: E402
+from tlt_jax.drafter.model import DrafterConfig, init_drafter  # noqa: E402
+from tlt_jax.drafter.warmup import load_drafter, save_drafter  # noqa: E402
 from tlt_jax.models.pretrained import load_pretrained, save_pretrained  # noqa: E402
 from tlt_jax.models.sampling import SamplingParams  # noqa: E402
 from tlt_jax.models.weights import export  # noqa: E402
@@ -143,7 +147,6 @@ def test_missing_smollm2_package_names_the_install_command(monkeypatch):
 
 
 def test_generate_cli_json_on_a_local_checkpoint(checkpoint):
-  from tests.test_launchers import last_json, run_module
   directory, _, hf_tok = checkpoint
   proc = run_module("experiments.generate", f"--model={directory}", "--prompt=Hello, world!",
                     "--max_new_tokens=5", "--temperature=0", "--json", "--chat")
@@ -173,24 +176,22 @@ def test_sharded_safetensors_index_loads(tmp_path):
 
 
 def test_generate_cli_with_a_drafter_gives_the_same_text(checkpoint, tmp_path):
-  """Serving with speculative decoding and a (here random) drafter artifact is exact."""
-  from tests.test_launchers import last_json, run_module
-  from tlt_jax.drafter.model import init_drafter
-  from tlt_jax.drafter.warmup import save_drafter
+  """Serving with speculative decoding and a (here random) drafter artifact is exact: the CLI
+  with `--drafter` against plain decoding, and a tree drafter (in-process, as the CLI calls it)."""
   directory, _, _ = checkpoint
-  model, _ = load_pretrained(directory)
+  model, tok = load_pretrained(directory)
   save_drafter(init_drafter(model.cfg, seed=0), str(tmp_path / "drafter"), {"note": "random"})
-  args = (f"--model={directory}", "--prompt=The quick brown fox", "--max_new_tokens=12",
-          "--temperature=0", "--json")
-  plain = last_json(run_module("experiments.generate", *args))
-  sd = last_json(run_module("experiments.generate", *args, f"--drafter={tmp_path / 'drafter'}"))
-  assert sd["token_ids"] == plain["token_ids"] and sd["accept_len"] >= 1.0
+  prompt = "The quick brown fox"
+  params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_tokens=tok.stop_ids)
+  plain, _ = generate(model, tok, tok.encode(prompt), params)
+  sd = last_json(run_module("experiments.generate", f"--model={directory}", f"--prompt={prompt}",
+                            "--max_new_tokens=12", "--temperature=0", "--json",
+                            f"--drafter={tmp_path / 'drafter'}"))
+  assert sd["token_ids"] == plain and sd["accept_len"] >= 1.0
   # A tree drafter with a restricted draft vocabulary, saved and loaded with it, is exact too.
-  from tlt_jax.drafter.model import DrafterConfig
-  from tlt_jax.drafter.warmup import load_drafter
   restricted = DrafterConfig(draft_vocab=16, vocab_ids=tuple(range(3, 35, 2)))
   save_drafter(init_drafter(model.cfg, restricted, seed=1), str(tmp_path / "tree"), {})
   assert load_drafter(str(tmp_path / "tree"), model)[0].cfg.vocab_ids == restricted.vocab_ids
-  tree = last_json(run_module("experiments.generate", *args, f"--drafter={tmp_path / 'tree'}",
-                              "--draft_depth=3", "--draft_tree=2,4"))
-  assert tree["token_ids"] == plain["token_ids"]
+  tree, _ = generate(model, tok, tok.encode(prompt), params, drafter_dir=str(tmp_path / "tree"),
+                     depth=3, tree=(2, 4))
+  assert tree == plain
