@@ -6,7 +6,7 @@ export PYTHONUNBUFFERED := 1
 # Test workers (pytest-xdist): most tests compile or dispatch on one core, so two share the machine.
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow test-gpu install smollm2 warmstart clean-cache bench-gpu wheels
+.PHONY: demo test test-slow test-gpu install smollm2 warmstart pictures clean-cache bench-gpu wheels
 
 $(VENV)/.base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,18 @@ bench-gpu:
 # what the box's Python lacks from there.
 wheels: $(VENV)/.base
 	$(PY) -m experiments.wheels
+
+# Re-make what the package ships (not run by CI): the `tiny` warm start, then the demo's warm-up
+# drafter, trained on that policy's rollouts.
+warmstart: $(VENV)/.base
+	$(PY) -m experiments.sft_warmstart --config=experiments/configs/sft_tiny.py --ship
+	$(PY) -m experiments.drafter_warmup --config=experiments/configs/demo.py:drafter --ship
+
+# The README's pictures (not run by CI): the demo's, copied to docs/images.
+pictures: $(VENV)/.base
+	$(PY) -m experiments.demo --config=experiments/configs/demo.py
+	mkdir -p docs/images
+	cp runs/demo/reward_curves.png runs/demo/rollout_anatomy.png docs/images/
 
 clean-cache:
 	rm -rf .cache

@@ -36,7 +36,7 @@ def main(argv):
   rc, b = run_config(c, other_keys=("bench",)), c.bench
   drafter0, _ = build_drafter(rc.workload, rc.drafter, rc.seed)
   w = build_workload(rc.workload, rc.num_prompts, rc.seed)
-  held = build_workload(rc.workload, b.eval_prompts, rc.seed + 7919)
+  held = build_workload(rc.workload, b.eval_prompts, rc.seed + 7919, split="test")
   pad = w.tokenizer.pad_id
 
   def measure(policy, drafter):
@@ -62,8 +62,8 @@ def main(argv):
   policy = ta.updater.model()
   frozen_final, _ = measure(policy, drafter0)
   adaptive_final, res = measure(policy, ta.adaptive.drafter())
-  step_s = lambda h: float(np.mean([m["step_s"] - m["compile_s"] for m in h[1:]]))
-  idle = float(sum(m["idle_device_s"] for m in ha))
+  step_s = lambda h: float(np.mean([m["step_s"] - m["time/compile_s"] for m in h[1:]]))
+  idle = float(sum(m["time/idle_device_s"] for m in ha))
   out = {
       "steps": rc.loop.steps, "drift": b.drift,
       "accept_len_initial": round(initial, 4),
@@ -73,15 +73,15 @@ def main(argv):
       "adaptive_kept_fraction": round(adaptive_final / initial, 4),
       "rewards_identical": [m["reward"] for m in hf] == [m["reward"] for m in ha],
       "hidden_state_max_err": hidden_state_error(policy, held.prompts, b.eval_group_size, res),
-      "idle_time_used_fraction": round(float(sum(m["idle_used_s"] for m in ha)) / idle, 4)
+      "idle_time_used_fraction": round(float(sum(m["drafter/idle_used_s"] for m in ha)) / idle, 4)
       if idle else 0.0,
       "idle_device_s": round(idle, 3),
       "drafter_wall_overhead": round(step_s(ha) / step_s(hf) - 1, 4),
       "drafter_versions_published": ta.adaptive.publisher.version,
       "publish_refusals": sum(not e["accepted"] for e in ta.adaptive.publisher.events),
       "spot_steps": len(ta.adaptive.spot.log),
-      "in_rollout_accept_len_frozen": [round(m["accept_len"], 3) for m in hf],
-      "in_rollout_accept_len_adaptive": [round(m["accept_len"], 3) for m in ha],
+      "in_rollout_accept_len_frozen": [round(m["spec/accept_len"], 3) for m in hf],
+      "in_rollout_accept_len_adaptive": [round(m["spec/accept_len"], 3) for m in ha],
       "devices": len(ta.engine.devices),
   }
   print(json.dumps(out))

@@ -27,8 +27,8 @@ _RUN = flags.DEFINE_string("run_config", "experiments/configs/tiny_tlt.py:scale"
                            "the run's config (as train_grpo's --config)")
 _OUT = flags.DEFINE_string("out_dir", "runs/bench_scale", "where the two runs go (replaced)")
 
-_STEP_KEYS = ("step_s", "rollout_s", "update_s", "weight_sync_s", "collective_s",
-              "collective_bytes")
+_STEP_KEYS = ("step_s", "rollout_s", "time/update_s", "time/weight_sync_s", "time/collective_s",
+              "train/collective_bytes")
 
 
 def _timed(command: list[str], env: dict) -> float:
@@ -46,8 +46,9 @@ def _figures(out_dir: str, wall_s: float) -> dict:
     warmup_s = json.load(f)["warmup_s"]
   timed = records[1:] or records
   out = {"wall_s": round(wall_s, 2), "warmup_s": warmup_s, "steps": len(records)}
-  out.update({f"{k}_per_step": round(float(np.mean([r.get(k, 0) for r in timed])), 4)
-              for k in _STEP_KEYS})
+  out.update({f"{k.split('/')[-1]}_per_step": round(float(np.mean([r.get(k, 0) for r in timed])),
+                                                    4)
+              for k in _STEP_KEYS})  # the last-line JSON keys stay flat
   return out
 
 

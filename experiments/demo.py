@@ -1,6 +1,7 @@
 """The demo: the warm start (shipped; else cached, or trained), a GRPO baseline run whose first
 held-out evaluation gives the task's properties, and a TLT run of its first steps (see
-experiments/configs/demo.py).
+experiments/configs/demo.py); `reward_curves.png` and `rollout_anatomy.png` of the pair go into
+`out_dir` (`make pictures` copies them to docs/images for the README).
 
   python -m experiments.demo --config=experiments/configs/demo.py
 Re-running it resumes or reuses the runs under `out_dir`. The last line printed is one JSON object.
@@ -21,6 +22,7 @@ from ml_collections import config_flags  # noqa: E402
 from experiments import launch  # noqa: E402
 from tlt_jax import sft  # noqa: E402
 from tlt_jax.hashing import provenance  # noqa: E402
+from tlt_jax.rl import pictures  # noqa: E402
 from tlt_jax.rl.compare import read_metrics  # noqa: E402
 from tlt_jax.rl.config import run_config  # noqa: E402
 from tlt_jax.rl.run import run_pair  # noqa: E402
@@ -61,8 +63,13 @@ def main(argv):
         f"{pair['amdahl_bound']:.2f}x (tiny is a correctness workload, not memory-bound on CPU)")
   print(f"[demo] warm-up (every program built before the first step): baseline "
         f"{pair['warmup_s_baseline']:.1f} s, TLT {pair['warmup_s_tlt']:.1f} s")
+  drawn = []
+  for draw in (pictures.reward_curves, pictures.rollout_anatomy):
+    drawn.append(os.path.join(c.out_dir, f"{draw.__name__}.png"))
+    draw(runs[0].out_dir, runs[1].out_dir, drawn[-1])
+  print(f"[demo] pictures: {', '.join(drawn)}")
   print(json.dumps({"warm_start_accuracy": stats["accuracy"], **stats, **pair,
-                    "wall_s": round(time.time() - start, 1)}))
+                    "pictures": drawn, "wall_s": round(time.time() - start, 1)}))
 
 
 if __name__ == "__main__":

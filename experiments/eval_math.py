@@ -23,7 +23,8 @@ def main(argv):
   if c.dataset:
     problems = load_math_dataset(c.dataset)[: c.num_prompts]
   else:
-    problems = make_word_problems(c.num_prompts, WordProblemConfig(**c.word_problems), c.seed)
+    problems = make_word_problems(c.num_prompts, WordProblemConfig(**c.word_problems), c.seed,
+                                  "test")
   start = time.time()
   model, tok = load_pretrained(c.model)
   load_s = time.time() - start

@@ -123,7 +123,7 @@ def test_the_command_line_sets_fields_the_config_file_does_not_mention(tmp_path)
       "--config.train.update_epochs=2", "--config.train.steps=1", "--config.train.eval_every=0"))
   assert out["steps"] == 1
   metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
-  assert metrics["dapo/optimizer_steps"] == 4 and metrics["dapo/top_up_rounds"] <= 1
+  assert metrics["train/optimizer_steps"] == 4 and metrics["train/top_up_rounds"] <= 1
   assert metrics["compile_events"] == 0
 
 

@@ -58,9 +58,10 @@ def _score_groups(model, prompts: list[list[int]], score, *, group_size: int,
 
 def evaluate_task(model, task: arithmetic.TaskConfig, *, num_prompts: int, group_size: int,
                   temperature: float = 1.0, seed: int = 0, rows_per_call: int = 256) -> dict:
-  """Samples `group_size` responses for each of `num_prompts` fresh problems and scores them."""
+  """Samples `group_size` responses for each of `num_prompts` distinct held-out problems (fewer
+  when the task's held-out side has fewer) and scores them."""
   tok = CharTokenizer(model.cfg.vocab_size)
-  problems = arithmetic.make_problems(num_prompts, task, seed=seed)
+  problems = arithmetic.make_problems(num_prompts, task, seed, "test")
   prompt_bucket, max_new = task_lengths(task)
   params = SamplingParams(temperature=temperature, max_new_tokens=max_new,
                           stop_tokens=tok.stop_ids)

@@ -46,9 +46,12 @@ def default_cache_dir() -> str:
 
 
 def recipe(config: ml_collections.ConfigDict) -> dict:
-  """What determines the trained weights: model, task, training settings and seed."""
-  return {k: config[k].to_dict() if hasattr(config[k], "to_dict") else config[k]
-          for k in ("model", "task", "train", "seed")}
+  """What determines the trained weights: model, task (with its defaults: the split of its
+  prompt space among them, since the SFT data is its training side), training settings and
+  seed."""
+  out = {k: config[k].to_dict() if hasattr(config[k], "to_dict") else config[k]
+         for k in ("model", "train", "seed")}
+  return dict(out, task=dataclasses.asdict(arithmetic.TaskConfig.from_dict(config.task)))
 
 
 def _fingerprint(config: ml_collections.ConfigDict) -> str:
@@ -119,11 +122,19 @@ def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransforma
                      weight_decay=train.weight_decay, clip=train.clip)
 
 
+def training_problems(config: ml_collections.ConfigDict) -> list[arithmetic.Problem]:
+  """The SFT data: `train.num_problems` problems from the training side of the task's prompt
+  space, in a flatter difficulty mix than evaluation's (`train.task_alpha`) so that the policy
+  sees enough multi-step chains to learn to carry a running total."""
+  task = arithmetic.TaskConfig.from_dict(config.task)
+  train_task = dataclasses.replace(task, alpha=config.train.get("task_alpha", task.alpha))
+  return arithmetic.make_problems(config.train.num_problems, train_task, config.seed, "train")
+
+
 def train(config: ml_collections.ConfigDict, progress: bool = True) -> tuple[Transformer, dict]:
   """Trains the policy from scratch; returns the model and a summary."""
   validate(config)
   cfg = get_preset(config.model)
-  task = arithmetic.TaskConfig.from_dict(config.task)
   tok = CharTokenizer(cfg.vocab_size)
   model = init_model(cfg, seed=config.seed)
   graphdef, params = nnx.split(model, nnx.Param)
@@ -138,11 +149,7 @@ def train(config: ml_collections.ConfigDict, progress: bool = True) -> tuple[Tra
     updates, opt_state = opt.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  # Training may use a flatter difficulty mix than evaluation (train.task_alpha) so that the
-  # policy sees enough multi-step chains to learn to carry a running total.
-  train_task = dataclasses.replace(task, alpha=config.train.get("task_alpha", task.alpha))
-  problems = arithmetic.make_problems(config.train.num_problems, train_task, seed=config.seed)
-  batches = _bucket_batches(problems, tok, config.train.tokens_per_batch,
+  batches = _bucket_batches(training_problems(config), tok, config.train.tokens_per_batch,
                             np.random.default_rng(config.seed))
   start, losses = time.time(), []
   bar = tqdm(range(config.train.steps), desc="sft", disable=not progress, mininterval=2.0)

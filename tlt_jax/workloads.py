@@ -25,7 +25,8 @@ from tlt_jax.models.pretrained import load_pretrained
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.tasks import arithmetic, rewards
-from tlt_jax.tasks.datasets import Example, held_out, load_examples
+from tlt_jax.tasks.datasets import Example, load_examples
+from tlt_jax.tasks.splits import held_out
 from tlt_jax.tasks.math_answers import verify
 from tlt_jax.tasks.math_data import INSTRUCTION as MATH_INSTRUCTION
 from tlt_jax.tasks.math_data import chat_prompt
@@ -160,10 +161,9 @@ def _tiny_policy(wc: WorkloadConfig, progress: bool):
 
 
 def _tiny(wc: WorkloadConfig, tok, num_prompts: int, seed: int, difficulty: dict, split: str):
-  del split  # both sides come from the generator (seeds differ)
   task = arithmetic.TaskConfig.from_dict(wc.warm_start.task)
   _, max_new = task_lengths(task)
-  problems = arithmetic.make_problems(num_prompts, narrowed(task, difficulty), seed=seed)
+  problems = arithmetic.make_problems(num_prompts, narrowed(task, difficulty), seed, split)
   prompts = [arithmetic.encode_prompt(tok, p) for p in problems]
   if wc.reward == "answer":
     reward_fn = lambda ids, p: arithmetic.reward(tok.decode(ids), p.answer)
@@ -179,9 +179,9 @@ def _smollm2_policy(wc: WorkloadConfig, progress: bool):
 
 
 def _smollm2(wc: WorkloadConfig, tok, num_prompts: int, seed: int, difficulty: dict, split: str):
-  del split  # both sides come from the generator (seeds differ)
   problems = make_word_problems(
-      num_prompts, narrowed(WordProblemConfig(**wc.task["word_problems"]), difficulty), seed)
+      num_prompts, narrowed(WordProblemConfig(**wc.task["word_problems"]), difficulty), seed,
+      split)
   prompts = [tok.encode(chat_prompt(tok, p.question, wc.task["instruction"])) for p in problems]
   reward_fn = lambda ids, ans: verify(tok.decode(ids), ans)
   return prompts, [p.answer for p in problems], wc.max_new_tokens, reward_fn
@@ -217,8 +217,8 @@ def _math(wc: WorkloadConfig, tok, num_prompts: int, seed: int, difficulty: dict
   score = rewards.reward_fn(t["reward"])
   reward_fn = lambda ids, answer: score(tok.decode(ids), answer)
   if not t["dataset"]:
-    problems = make_word_problems(
-        num_prompts, narrowed(WordProblemConfig(**t["word_problems"]), difficulty), seed)
+    space = WordProblemConfig(**dict(t["word_problems"], test_fraction=t["test_fraction"]))
+    problems = make_word_problems(num_prompts, narrowed(space, difficulty), seed, split)
     examples = [Example(p.question, p.answer) for p in problems]
   else:
     examples = split_examples(t, split)
@@ -305,9 +305,10 @@ def build_workload(wc: WorkloadConfig, num_prompts: int, seed: int,
   `min_steps`/`max_steps`; `smollm2`: `WordProblemConfig`) for these prompts only, e.g. an RL
   prompt pool focused where groups get mixed rewards; lengths and sampling stay the task's own.
 
-  `split`: "train" (the RL pool) or "test" (held-out prompts). The `math` workload's dataset
-  files keep the two apart (`task.test_dataset`, else a stable hash split of `task.dataset`);
-  the generated tasks draw both from their generator with different seeds.
+  `split`: "train" (the RL pool) or "test" (distinct held-out prompts, fewer than `num_prompts`
+  when the held-out side has fewer): the two sides of prompt space (`tasks/splits.py`). The
+  `math` workload's dataset files are split by `task.test_dataset`, else by a stable hash of
+  `task.dataset`'s prompts; the generated tasks draw from their side of the hash split.
   """
   model, tok = (policy or starting_policy(wc, progress=False))[:2]
   prompts, answers, max_new, reward_fn = get_workload(wc.name).build(
@@ -356,13 +357,15 @@ def drafter_recipe(section: Mapping, other_keys=()) -> DrafterRecipe:
                        warmup_prompts=int(d.get("warmup_prompts", 64)))
 
 
-def _drafter_warmup(wc: WorkloadConfig, recipe: DrafterRecipe, seed: int, policy=None):
+def drafter_workload(wc: WorkloadConfig, recipe: DrafterRecipe, seed: int, policy=None):
+  """The workload whose rollouts the warm-up drafter trains on: `recipe.warmup_prompts` prompts
+  of the training side, drawn with `seed + 1`."""
   return build_workload(wc, recipe.warmup_prompts, seed + 1, policy=policy)
 
 
 def drafter_key(wc: WorkloadConfig, recipe: DrafterRecipe, seed: int) -> str:
   """The key under which the warm-up drafter is cached or shipped (nothing is trained)."""
-  w = _drafter_warmup(wc, recipe, seed)
+  w = drafter_workload(wc, recipe, seed)
   return warmup_key(w.model, w.prompts, w.params, recipe.model, recipe.train, recipe.warmup)
 
 
@@ -370,7 +373,7 @@ def build_drafter(wc: WorkloadConfig, recipe: DrafterRecipe, seed: int, progress
                   policy=None):
   """The warm-up EAGLE drafter of the workload's policy: shipped, cached, or trained by `recipe`
   on rollouts of its prompts; returns (drafter, meta). `policy`: as for `build_workload`."""
-  w = _drafter_warmup(wc, recipe, seed, policy)
+  w = drafter_workload(wc, recipe, seed, policy)
   return warm_up(w.model, w.prompts, w.params, pad_id=w.tokenizer.pad_id, dcfg=recipe.model,
                  tcfg=recipe.train, wcfg=recipe.warmup,
                  cache_root=wc.cache_dir or sft.default_cache_dir(), progress=progress)

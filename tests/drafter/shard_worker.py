@@ -61,7 +61,7 @@ def main():
       "published": tr.adaptive.publisher.version,
       "shards_identical": all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(d0, d1)),
       "rewards_equal_to_frozen": [m["reward"] for m in hist] == [m["reward"] for m in frozen],
-      "idle_used_s": [m["idle_used_s"] for m in hist],
+      "idle_used_s": [m["drafter/idle_used_s"] for m in hist],
   }))
 
 

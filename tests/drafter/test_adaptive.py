@@ -226,7 +226,7 @@ def test_a_tlt_run_exports_a_policy_and_drafter_that_generate_can_load(tmp_path)
                drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1), adaptive=cfg)
   hist = tr.run(progress=False)
   assert hist[-1]["drafter/steps"] > 0 and tr.adaptive.publisher.version >= 1
-  assert hist[-1]["drafter_version"] == tr.engine.weights.drafter_version
+  assert hist[-1]["drafter/version"] == tr.engine.weights.drafter_version
   policy, tok = load_pretrained(str(tmp_path / "export" / "policy"))
   assert isinstance(tok, CharTokenizer)
   toks = jnp.asarray([[5, 6, 7, 8]])

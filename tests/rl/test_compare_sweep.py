@@ -15,10 +15,11 @@ def write_run(path, rows):
 
 def test_compare_runs_figures(tmp_path):
   base = [{"step": s, "reward": 0.1 * s, "step_s": 10.0, "rollout_s": 6.0} for s in range(4)]
-  tlt = [{"step": s, "reward": 0.1 * s, "step_s": 7.0, "rollout_s": 3.0, "accept_len": 2.0}
+  tlt = [{"step": s, "reward": 0.1 * s, "step_s": 7.0, "rollout_s": 3.0, "spec/accept_len": 2.0}
          for s in range(4)]
   tlt[0]["step_s"] = 100.0  # first step: left out of the timings
-  tlt[2].update(step_s=9.0, rollout_s=5.0, compile_s=2.0)  # compile seconds are reported apart
+  # compile seconds are reported apart
+  tlt[2].update({"step_s": 9.0, "rollout_s": 5.0, "time/compile_s": 2.0})
   write_run(tmp_path / "a", base)
   write_run(tmp_path / "b", tlt)
   out = compare_runs(str(tmp_path / "a"), str(tmp_path / "b"))

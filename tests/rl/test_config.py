@@ -22,7 +22,7 @@ def test_every_run_config_and_variant_converts():
   runs = {"tiny_baseline": ("", "small", "long"), "tiny_tlt": ("", "small", "long"),
           "smollm2_baseline": ("", "small"), "smollm2_tlt": ("", "small"),
           "tiny_seeds": ("", "small", "tlt_rejection"), "bench_drafter": ("", "small"),
-          "hf_math": ("", "small", "tlt", "tlt,small")}
+          "hf_math": ("", "small", "tlt", "tlt,small"), "demo": ("baseline",)}
   for name, variants in runs.items():
     module = importlib.import_module(f"experiments.configs.{name}")
     for variant in variants:

@@ -60,8 +60,8 @@ def test_a_dapo_run_resumes_with_the_same_top_ups_and_compiles_nothing(tmp_path)
   trainer(tmp_path / "resumed", learner, steps=2, checkpoint_every=1).run(progress=False)
   resumed = trainer(tmp_path / "resumed", learner, steps=3, checkpoint_every=1).run(
       progress=False)
-  assert sum(m["dapo/top_up_rounds"] for m in straight) >= 1
-  for k in ("reward", "dapo/kept_groups", "dapo/top_up_rounds", "dapo/loss", "dapo/grad_norm"):
+  assert sum(m["train/top_up_rounds"] for m in straight) >= 1
+  for k in ("reward", "train/kept_groups", "train/top_up_rounds", "train/loss", "train/grad_norm"):
     assert resumed[0][k] == pytest.approx(straight[2][k], abs=1e-6), k
   assert all(m["compile_events"] == 0 for m in straight)  # top-ups reuse the warm-up's programs
 
@@ -71,11 +71,11 @@ def test_several_updates_per_rollout_move_the_ratio_and_engage_the_clip(tmp_path
   many_tr = trainer(tmp_path / "many", GRPOConfig(clip_low=0.05, clip_high=0.05),
                     mini_batches=2, update_epochs=2)
   many = many_tr.run(progress=False)
-  assert all(m["grpo/ratio_mean"] == 1.0 and m["grpo/clip_fraction"] == 0.0 for m in one)
-  assert all(m["grpo/optimizer_steps"] == 4 for m in many) and many_tr.updater.step_count == 8
-  assert any(abs(m["grpo/ratio_mean"] - 1.0) > 1e-3 for m in many)
-  assert any(m["grpo/clip_fraction"] > 0 for m in many)
-  assert all(m["logprob_mismatch_max"] < 1e-5 for m in many)  # the first step's ratio is ~1
+  assert all(m["train/ratio_mean"] == 1.0 and m["train/clip_fraction"] == 0.0 for m in one)
+  assert all(m["train/optimizer_steps"] == 4 for m in many) and many_tr.updater.step_count == 8
+  assert any(abs(m["train/ratio_mean"] - 1.0) > 1e-3 for m in many)
+  assert any(m["train/clip_fraction"] > 0 for m in many)
+  assert all(m["train/logprob_mismatch_max"] < 1e-5 for m in many)  # the first step's ratio is ~1
   assert all(m["compile_events"] == 0 for m in many)
   with pytest.raises(ValueError, match="do not split into 3 mini-batch"):
     trainer(tmp_path / "bad", GRPOConfig(), mini_batches=3)

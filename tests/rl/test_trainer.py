@@ -12,8 +12,8 @@ from tests.conftest import small_config
 from tlt_jax.models import init_model
 from tlt_jax.models.precision import Precision
 from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.rl import pictures, resume
 from tlt_jax.rl.grpo import GRPOConfig
-from tlt_jax.rl import resume
 from tlt_jax.rl.trainer import LoopConfig, Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
@@ -52,22 +52,31 @@ def run(tmp_path, name, steps, spec=None, checkpoint_every=0):
   return tr.run(progress=False)
 
 
-KEYS = ("reward", "length_p50", "length_max", "grpo/loss", "grpo/grad_norm")
+KEYS = ("reward", "rollout/length_p50", "rollout/length_max", "train/loss", "train/grad_norm")
+TOP_LEVEL = {"step", "reward", "step_s", "rollout_s", "compile_events"}
+NAMESPACES = {"train", "rollout", "spec", "drafter", "eval", "time"}
 
 
 def test_tlt_with_the_coupled_rule_is_the_same_run_as_the_baseline(tmp_path):
   base = run(tmp_path, "base", 3)
   tlt = run(tmp_path, "tlt", 3, SpecConfig(threshold=16, arms=(Strategy(depth=3),),
                                           min_accept_len=0.0))
-  assert any(m["grpo/grad_norm"] > 0 for m in base)  # the policy really changes
-  assert len({m["reward"] for m in base}) > 1 or base[0]["mixed_group_fraction"] > 0
+  assert any(m["train/grad_norm"] > 0 for m in base)  # the policy really changes
+  assert len({m["reward"] for m in base}) > 1 or base[0]["rollout/mixed_group_fraction"] > 0
   for a, b in zip(base, tlt):
     for k in KEYS:
       assert a[k] == pytest.approx(b[k], abs=1e-5), k
-  assert max(m["sd_on_fraction"] for m in tlt) > 0
+  assert max(m["spec/sd_on_fraction"] for m in tlt) > 0
   lines = (tmp_path / "tlt" / "metrics.jsonl").read_text().splitlines()
   assert [json.loads(l)["step"] for l in lines] == [0, 1, 2]
   assert list((tmp_path / "tlt" / "tb").iterdir())  # TensorBoard events written
+  for m in base + tlt:  # every other key in a namespace, for TensorBoard's and W&B's groups
+    assert TOP_LEVEL <= set(m)
+    assert {k.split("/")[0] for k in set(m) - TOP_LEVEL} <= NAMESPACES, sorted(m)
+  for draw in (pictures.reward_curves, pictures.rollout_anatomy):
+    path = tmp_path / f"{draw.__name__}.png"
+    draw(str(tmp_path / "base"), str(tmp_path / "tlt"), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
 
 def test_a_bf16_run_keeps_float32_masters_and_log_probs_within_a_bound(tmp_path):
@@ -81,8 +90,8 @@ def test_a_bf16_run_keeps_float32_masters_and_log_probs_within_a_bound(tmp_path)
                engine_cfg=engine(), learner=GRPOConfig(),
                optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10))
   history = tr.run(progress=False)
-  assert all(np.isfinite(m["grpo/loss"]) and m["grpo/grad_norm"] > 0 for m in history)
-  assert all(1e-4 < m["logprob_mismatch_max"] < 0.05 for m in history)  # bf16 ran; bounded
+  assert all(np.isfinite(m["train/loss"]) and m["train/grad_norm"] > 0 for m in history)
+  assert all(1e-4 < m["train/logprob_mismatch_max"] < 0.05 for m in history)  # bf16 ran; bounded
   floats = lambda tree: {x.dtype for x in jax.tree.leaves(tree) if x.dtype != np.int32}
   assert floats(tr.updater.params) == floats(tr.updater.opt_state) == {np.dtype("float32")}
   rollout = {x.dtype for x in jax.tree.leaves(tr.engine.weights.shard(0)[0]) if x.ndim >= 2}
@@ -107,11 +116,12 @@ def test_held_out_evaluation_and_the_rollout_record(tmp_path):
                eval_prompts=w.prompts[:6], eval_answers=[None] * 6)
   hist = tr.run(progress=False)
   assert [("eval/accuracy" in m) for m in hist] == [True, False, True]
-  assert "final_eval/accuracy" in hist[-1] and 0.0 <= hist[-1]["final_eval/accuracy"] <= 1.0
+  assert "eval/final_accuracy" in hist[-1] and 0.0 <= hist[-1]["eval/final_accuracy"] <= 1.0
   # Each evaluation's figures agree with its per-prompt accuracies (what the demo reports as the
   # task's properties): accuracy their mean, mixed-reward groups those strictly inside (0, 1).
   evals = [json.loads(x) for x in (tmp_path / "eval.jsonl").read_text().splitlines()]
-  figures = [hist[0], hist[2], {k.removeprefix("final_"): v for k, v in hist[-1].items()}]
+  figures = [hist[0], hist[2], {k.replace("eval/final_", "eval/"): v for k, v in hist[-1].items()
+                                if k.startswith("eval/final_")}]
   assert [e["step"] for e in evals] == [0, 2, 3] and len(evals[0]["per_prompt_accuracy"]) == 6
   for e, m in zip(evals, figures):
     acc = np.array(e["per_prompt_accuracy"])
@@ -120,7 +130,8 @@ def test_held_out_evaluation_and_the_rollout_record(tmp_path):
     assert m["eval/length_p50"] <= m["eval/length_p99"] <= m["eval/length_max"] <= 12
   assert any(0 < x < 1 for e in evals for x in e["per_prompt_accuracy"])
   for m in hist:
-    assert 0.0 <= m["tail_s"] <= m["rollout_s"] and m["accuracy"] == m["reward"]  # 0/1 reward
+    assert 0.0 <= m["time/tail_s"] <= m["rollout_s"]
+    assert m["rollout/accuracy"] == m["reward"]  # a 0/1 reward
   records = [json.loads(l) for l in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records] == [0, 1, 2]
   decode = [e for e in records[0]["events"] if e[1] == "decode"]
@@ -148,9 +159,43 @@ def test_the_kl_reference_survives_a_resume(tmp_path):
                                   checkpoint_every=1)
   first = Trainer(workload(), loop(2), **kw)
   hist = first.run(progress=False)
-  assert hist[0]["grpo/kl"] < 1e-7 and hist[1]["grpo/kl"] > 1e-6
+  assert hist[0]["train/kl"] < 1e-7 and hist[1]["train/kl"] > 1e-6
   again = Trainer(workload(seed=5), loop(3), **kw)  # another init: the reference must come back
   assert resume.restore(again)
   for a, b in zip(jax.tree.leaves(again.updater.ref_params),
                   jax.tree.leaves(first.updater.ref_params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _wandb_history(path, key: str) -> list:
+  """The values logged under `key` in an offline W&B run's record file: protobuf HistoryItems,
+  the key in field 2 and the JSON value in field 16 (short ones: one-byte lengths)."""
+  data, k, out = path.read_bytes(), key.encode(), []
+  tag = b"\x12" + bytes([len(k)]) + k + b"\x82\x01"
+  i = data.find(tag)
+  while i >= 0:
+    j = i + len(tag)
+    out.append(json.loads(data[j + 1:j + 1 + data[j]]))
+    i = data.find(tag, j)
+  return out
+
+
+def test_weights_and_biases_logs_offline_beside_the_records(tmp_path, monkeypatch):
+  pytest.importorskip("wandb")
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  monkeypatch.delenv("WANDB_API_KEY", raising=False)
+  out = tmp_path / "run"
+  tr = Trainer(workload(), LoopConfig(str(out), 2, prompts_per_step=4, group_size=4,
+                                      loggers=("wandb",)),
+               engine_cfg=engine(), learner=GRPOConfig(),
+               optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10))
+  hist = tr.run(progress=False)
+  (record,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
+  steps = _wandb_history(record, "_step")  # each step's items come as history and summary
+  for key in ("reward", "train/loss", "spec/accept_len"):
+    logged = dict(zip(steps, _wandb_history(record, key)))
+    assert logged == pytest.approx({m["step"]: m[key] for m in hist}), key
+  assert not (out / "tb").exists()  # only the loggers asked for
+  with pytest.raises(ValueError, match=r"loggers \['mlflow'\] unknown"):
+    LoopConfig(str(out), 1, 4, 4, loggers=("mlflow",))

@@ -43,7 +43,7 @@ def test_no_step_compiles_after_warm_up(tmp_path):
   assert len(buckets) > 1  # the steps' prompts need different prefill buckets
   hist = tr.run(progress=False)
   assert tr.warmup_report["warmup_programs"] > 0
-  assert max(m["sd_on_fraction"] for m in hist) > 0 and hist[-1]["drafter/steps"] > 0
+  assert max(m["spec/sd_on_fraction"] for m in hist) > 0 and hist[-1]["drafter/steps"] > 0
   assert [m["compile_events"] for m in hist] == [0, 0, 0, 0]
 
 

@@ -9,7 +9,7 @@ from tlt_jax.tasks import arithmetic
 
 def test_tokenizer_round_trips_and_rejects_foreign_characters():
   tok = CharTokenizer()
-  for p in arithmetic.make_problems(50, arithmetic.TaskConfig(), seed=0):
+  for p in arithmetic.make_problems(50, arithmetic.TaskConfig(), 0, "train"):
     assert tok.decode(tok.encode(p.prompt + p.solution)) == p.prompt + p.solution
   assert tok.decode(tok.encode("1+2=3;") + [tok.eos_id] + tok.encode("99")) == "1+2=3;"
   with pytest.raises(ValueError, match="not in the task alphabet"):
@@ -17,7 +17,7 @@ def test_tokenizer_round_trips_and_rejects_foreign_characters():
 
 
 def test_solutions_are_correct_and_rewarded():
-  for p in arithmetic.make_problems(200, arithmetic.TaskConfig(), seed=1):
+  for p in arithmetic.make_problems(200, arithmetic.TaskConfig(), 1, "train"):
     total = eval(p.prompt[:-1])  # the chain itself, left to right
     assert p.answer == total
     assert arithmetic.reward(p.solution, p.answer) == 1.0
@@ -42,7 +42,7 @@ def test_reward_on_correct_wrong_and_malformed(response, reward):
 
 def test_solution_lengths_are_long_tailed():
   lens = np.array([len(p.solution) + 1 for p in arithmetic.make_problems(
-      4000, arithmetic.TaskConfig(), seed=2)])
+      4000, arithmetic.TaskConfig(), 2, "train")])
   assert np.percentile(lens, 99) >= 5 * np.percentile(lens, 50)
   assert lens.max() <= arithmetic.TaskConfig().max_solution_chars() + 1
 
@@ -57,7 +57,7 @@ def test_the_rl_pool_may_narrow_the_difficulty_mix_but_not_lengthen_it():
   from tlt_jax.workloads import narrowed
   task = arithmetic.TaskConfig()
   mix = narrowed(task, {"min_steps": 2, "max_steps": 4})
-  steps = {p.steps for p in arithmetic.make_problems(300, mix, seed=0)}
+  steps = {p.steps for p in arithmetic.make_problems(300, mix, 0, "train")}
   assert steps == {2, 3, 4} and mix.alpha == task.alpha
   assert narrowed(task, {}) == task
   with pytest.raises(ValueError, match="Unknown difficulty field.*max_step"):
@@ -76,5 +76,5 @@ def test_progress_reward_credits_the_steps_before_the_first_error():
   # Every step right but a miswritten answer is still not a correct answer.
   assert arithmetic.progress_reward("7-4=3;3+1=4;4+6=10;#11", p) == pytest.approx(0.5)
   assert arithmetic.progress_reward("#10", p) == 1.0  # the answer is what is graded
-  for q in arithmetic.make_problems(100, arithmetic.TaskConfig(), seed=3):
+  for q in arithmetic.make_problems(100, arithmetic.TaskConfig(), 3, "train"):
     assert arithmetic.progress_reward(q.solution, q) == 1.0

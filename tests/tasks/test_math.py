@@ -71,7 +71,7 @@ def test_parquet_loader(tmp_path):
 
 
 def test_word_problems_are_consistent():
-  problems = make_word_problems(200, WordProblemConfig(max_steps=3), seed=0)
+  problems = make_word_problems(200, WordProblemConfig(max_steps=3), 0, "train")
   assert len({p.question for p in problems}) > 150
   for p in problems:
     assert int(p.answer) >= 0 and p.question.endswith("now?")

@@ -130,8 +130,9 @@ class AdaptiveDrafter:
     out = {
         "drafter/steps": len(steps), "drafter/budget_steps": budget_steps,
         "drafter/published": bool(published), "drafter/buffer_tokens": self.buffer.tokens,
-        "drafter_s": round(time.perf_counter() - t0, 4), "drafter_preempt_s": round(preempt_s, 4),
-        "idle_used_s": round(min(idle_used, idle_available), 4),
+        "time/drafter_s": round(time.perf_counter() - t0, 4),
+        "time/drafter_preempt_s": round(preempt_s, 4),
+        "drafter/idle_used_s": round(min(idle_used, idle_available), 4),
     }
     if jax.process_count() > 1:  # every process verifies with the same version and weights
       out["drafter/replicas_agree"] = distributed.same(content_digest(

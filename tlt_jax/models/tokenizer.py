@@ -3,6 +3,7 @@ character tokenizer of the built-in arithmetic task (`tasks/`), saved next to it
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Sequence
@@ -44,15 +45,7 @@ class TextTokenizer:
     """Renders `messages` with the checkpoint's Jinja chat template (as `transformers` does)."""
     if not self.chat_template:
       raise ValueError("This tokenizer has no chat template; pass --chat only for chat models.")
-
-    def raise_exception(message):
-      raise jinja2.exceptions.TemplateError(message)
-
-    env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(self.chat_template).render(
+    return _compiled_template(self.chat_template).render(
         messages=messages, add_generation_prompt=add_generation_prompt,
         bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
@@ -86,6 +79,20 @@ class TextTokenizer:
     return cls(tok, bos_token=token(cfg.get("bos_token")), eos_token=token(cfg.get("eos_token")),
                chat_template=template, add_bos=bool(cfg.get("add_bos_token", False)),
                extra_stop_ids=generation_stop_ids(directory))
+
+
+def _raise_exception(message):
+  raise jinja2.exceptions.TemplateError(message)
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled_template(source: str) -> jinja2.Template:
+  """A chat template compiled once (a dataset's thousands of prompts render with one)."""
+  env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                              extensions=["jinja2.ext.loopcontrols"])
+  env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+  env.globals["raise_exception"] = _raise_exception
+  return env.from_string(source)
 
 
 def generation_stop_ids(directory: str) -> tuple[int, ...]:

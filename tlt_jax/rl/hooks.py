@@ -47,7 +47,7 @@ class Hook:
 
 class Evaluation(Hook):
   """Held-out accuracy every `every` steps from step 0 (`eval/...`), and after the last step
-  (`final_eval/...`); each evaluation's per-prompt accuracy goes to the run's `eval.jsonl`."""
+  (`eval/final_...`); each evaluation's per-prompt accuracy goes to the run's `eval.jsonl`."""
 
   def __init__(self, writer: RunWriter, every: int):
     self.writer, self.every = writer, every
@@ -62,10 +62,11 @@ class Evaluation(Hook):
     return self._evaluate(trainer, False) if trainer.step % self.every == 0 else {}
 
   def after_step(self, trainer) -> dict:
-    """Held-out figures after the last step (`final_eval/...`)."""
+    """Held-out figures after the last step (`eval/final_...`)."""
     if trainer.step != trainer.steps:
       return {}
-    return {f"final_{k}": v for k, v in self._evaluate(trainer, True).items()}
+    return {k.replace("eval/", "eval/final_", 1): v
+            for k, v in self._evaluate(trainer, True).items()}
 
 
 _EVAL_KEY = 1_000_003  # folded into the run key for held-out evaluation: never a training key

@@ -1,6 +1,11 @@
 """A run directory's records, written in one place: `metrics.jsonl` (one record per step, also
-sent to TensorBoard under `tb/`), `eval.jsonl` (each held-out evaluation's per-prompt accuracy)
-and `rollouts.jsonl` (each step's engine dispatches). `compare.py` reads them back.
+sent to the run's loggers: TensorBoard under `tb/`, and Weights & Biases under `wandb/` when
+`train.loggers` names it), `eval.jsonl` (each held-out evaluation's per-prompt accuracy) and
+`rollouts.jsonl` (each step's engine dispatches). `compare.py` reads them back.
+
+Step metrics are named by namespace (`train/`, `rollout/`, `spec/`, `drafter/`, `eval/`,
+`time/`), except the keys that tools and checks read: `step`, `reward`, `step_s`, `rollout_s`
+and `compile_events`.
 
 TensorBoard files come from tensorboardX: `clu.metric_writers` (0.0.12) writes them only through
 TensorFlow (its default writer imports it), which the project does not install."""
@@ -8,7 +13,10 @@ TensorFlow (its default writer imports it), which the project does not install."
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +26,7 @@ from tensorboardX import SummaryWriter
 
 METRICS, EVALS, ROLLOUTS = "metrics.jsonl", "eval.jsonl", "rollouts.jsonl"
 RUN_RECORD = "config.json"
+LOGGERS = ("tensorboard", "wandb")
 _PACKAGES = ("tlt_jax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
 
 
@@ -53,15 +62,62 @@ def write_run_record(out_dir: str, run_config) -> str:
   return path
 
 
-class RunWriter:
-  """Appends to a run directory's records (`resumed`: after the ones already there). Not
-  `enabled` (every process of a run but process 0): writes nothing."""
+def check_loggers(loggers) -> None:
+  """A one-line error for an unknown logger, or for `wandb` without its package."""
+  if isinstance(loggers, str):
+    raise ValueError(f"loggers must be a tuple of names, e.g. ('tensorboard', 'wandb'), got "
+                     f"{loggers!r}.")
+  unknown = [name for name in loggers if name not in LOGGERS]
+  if unknown:
+    raise ValueError(f"loggers {unknown} unknown; choose from {', '.join(LOGGERS)}.")
+  if "wandb" in loggers and importlib.util.find_spec("wandb") is None:
+    raise ValueError("loggers includes 'wandb' but the wandb package is not installed; "
+                     "pip install -e '.[wandb]'.")
 
-  def __init__(self, out_dir: str, resumed: bool, enabled: bool = True):
+
+class WandbLogger:
+  """A run's metrics in Weights & Biases (the optional `wandb` package, imported only here):
+  files under `out_dir/wandb`, the run id fixed by the directory so that a resumed run goes on
+  the same W&B run, and offline (synced later with `wandb sync`) unless `WANDB_MODE` says
+  otherwise or an API key is set."""
+
+  def __init__(self, out_dir: str, name: str):
+    wandb = importlib.import_module("wandb")
+    mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY")
+                                            else "offline")
+    config = {}
+    if os.path.exists(os.path.join(out_dir, RUN_RECORD)):
+      with open(os.path.join(out_dir, RUN_RECORD)) as f:
+        config = json.load(f)
+    run_id = hashlib.sha256(os.path.abspath(out_dir).encode()).hexdigest()[:16]
+    os.makedirs(os.path.join(out_dir, "wandb"), exist_ok=True)
+    self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "tlt_jax"), name=name,
+                          id=run_id, resume="allow", dir=out_dir, mode=mode, config=config)
+
+  def log(self, scalars: dict, step: int) -> None:
+    """One step's numbers."""
+    self.run.log(scalars, step=step)
+
+  def close(self) -> None:
+    """Finishes the run (its files are complete)."""
+    self.run.finish()
+
+
+class RunWriter:
+  """Appends to a run directory's records (`resumed`: after the ones already there) and sends
+  each step's numbers to `loggers`. Not `enabled` (every process of a run but process 0):
+  writes nothing."""
+
+  def __init__(self, out_dir: str, resumed: bool, enabled: bool = True,
+               loggers: tuple[str, ...] = ("tensorboard",)):
+    check_loggers(loggers)
     mode = "a" if resumed else "w"
     self._files = {name: open(os.path.join(out_dir, name), mode)
                    for name in (METRICS, EVALS, ROLLOUTS)} if enabled else {}
-    self._tb = SummaryWriter(os.path.join(out_dir, "tb")) if enabled else None
+    self._tb = (SummaryWriter(os.path.join(out_dir, "tb"))
+                if enabled and "tensorboard" in loggers else None)
+    self._wandb = (WandbLogger(out_dir, os.path.basename(os.path.abspath(out_dir)))
+                   if enabled and "wandb" in loggers else None)
 
   def _line(self, name: str, record: dict) -> None:
     if not self._files:
@@ -70,12 +126,15 @@ class RunWriter:
     self._files[name].flush()
 
   def step(self, metrics: dict, rollout: dict) -> None:
-    """A step's metrics (numbers also as TensorBoard scalars at `metrics["step"]`) and rollout."""
+    """A step's metrics (numbers also to the loggers, at `metrics["step"]`) and rollout."""
     self._line(METRICS, metrics)
     self._line(ROLLOUTS, rollout)
-    for k, v in metrics.items() if self._tb is not None else ():
-      if isinstance(v, (int, float)):
+    scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+    if self._tb is not None:
+      for k, v in scalars.items():
         self._tb.add_scalar(k, v, metrics["step"])
+    if self._wandb is not None:
+      self._wandb.log(scalars, metrics["step"])
 
   def evaluation(self, step: int, final: bool, per_prompt_accuracy: list[float]) -> None:
     """An evaluation's per-prompt accuracy at `step` (`final`: after the last step)."""
@@ -85,6 +144,8 @@ class RunWriter:
     """Flushes and closes the files."""
     if self._tb is not None:
       self._tb.close()
+    if self._wandb is not None:
+      self._wandb.close()
     for f in self._files.values():
       f.close()
 

@@ -92,14 +92,14 @@ def summarize(name: str, out_dir: str, history: list[dict]) -> dict:
       "reward_first": rewards[0], "reward_last": rewards[-1],
       "reward_last5_mean": float(np.mean(rewards[-5:])),
       "step_s_mean": float(np.mean([m["step_s"] for m in history])),
-      "rollout_share": float(np.mean([m["rollout_share"] for m in history])),
-      "accept_len": float(np.mean([m["accept_len"] for m in history])),
+      "rollout_share": float(np.mean([m["time/rollout_share"] for m in history])),
+      "accept_len": float(np.mean([m["spec/accept_len"] for m in history])),
       "out_dir": out_dir,
   }
   if evals:
     out["eval_accuracy_first"] = evals[0]
-  if "final_eval/accuracy" in history[-1]:
-    out["eval_accuracy_final"] = history[-1]["final_eval/accuracy"]
+  if "eval/final_accuracy" in history[-1]:
+    out["eval_accuracy_final"] = history[-1]["eval/final_accuracy"]
   return out
 
 

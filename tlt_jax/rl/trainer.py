@@ -43,7 +43,7 @@ from tlt_jax.models.sharding import make_mesh
 from tlt_jax.rl import resume
 from tlt_jax.rl.hooks import loop_hooks
 from tlt_jax.rl.learner import Learner
-from tlt_jax.rl.metrics import RunWriter, rollout_record, tail_seconds
+from tlt_jax.rl.metrics import RunWriter, check_loggers, rollout_record, tail_seconds
 from tlt_jax.rl.samples import Samples, select_groups
 from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater, rollout_update
 from tlt_jax.rollout import compiles
@@ -65,7 +65,8 @@ class LoopConfig:
   evaluation every `eval_every` steps (0: off) with `eval_group_size` samples per prompt; a
   checkpoint every `checkpoint_every` steps (0: off), the last `keep` kept; `export` the final
   policy (and drafter) to `out_dir/export`, and every `export_every` steps (0: off) to
-  `out_dir/export/step_<N>`."""
+  `out_dir/export/step_<N>`; step metrics go to `out_dir/metrics.jsonl` and to `loggers`
+  (`tensorboard`, `wandb`)."""
 
   out_dir: str
   steps: int
@@ -82,6 +83,7 @@ class LoopConfig:
   eval_group_size: int = 4
   export: bool = False
   export_every: int = 0
+  loggers: tuple[str, ...] = ("tensorboard",)
 
   def __post_init__(self):
     for name in ("steps", "prompts_per_step", "group_size", "micro_batches", "mini_batches",
@@ -95,6 +97,7 @@ class LoopConfig:
     if min(self.checkpoint_every, self.eval_every, self.export_every) < 0 or self.keep < 1:
       raise ValueError("checkpoint_every, eval_every and export_every must be >= 0 (0: off), "
                        "keep >= 1.")
+    check_loggers(self.loggers)
 
 
 def check_layout(loop: LoopConfig, engine_cfg: EngineConfig, pool: list, eval_prompts):
@@ -222,7 +225,7 @@ class Trainer:
     """One RL step, as named stages: sample (the rollout; the drafter's hooks around it), score,
     select (the learner's groups, with top-up rounds when it asks for them), advantages, update,
     sync, drafter, record. Returns (metrics, rollout record); `run` adds the programs built
-    during the step and its hooks (`compile_events`, `compile_s`)."""
+    during the step and its hooks (`compile_events`, `time/compile_s`)."""
     t0 = time.perf_counter()
     self._collective_s, self._collective_bytes = 0.0, 0
     first, res, drafter_metrics = self._sample()
@@ -246,23 +249,25 @@ class Trainer:
     t_update = time.perf_counter() - t1
     correct = (first.rewards_PxG() >= 1.0).astype(np.float32)
     summary = res.timeline.summary()
-    out = {
+    out = {  # top-level: what tools and checks read; the rest by namespace
         "step": self.step, "reward": float(first.rewards_R.mean()),
-        **group_stats(correct, first.lengths_R, first.rewards_PxG()),
-        "rollout_s": round(t_rollout, 4), "tail_s": round(tail_seconds(res), 4),
-        "update_s": round(t_update, 4), "weight_sync_s": round(t_sync, 4),
-        "collective_s": round(self._collective_s, 4),
-        "collective_bytes": int(self._collective_bytes),
-        "idle_device_s": round(float(sum(summary["shard_idle_s"])), 4),
-        "tokens_per_s": summary["tokens_per_s"], "sd_on_fraction": summary["sd_on_fraction"],
-        "accept_len": summary.get("spec", {}).get("accept_len", 0.0),
-        "drafter_version": self.engine.weights.drafter_version,
-        "logprob_mismatch_max": mismatch,
-        **{f"{learner.name}/{k}": v for k, v in (metrics | select_metrics).items()},
-        **(drafter_metrics or {"drafter_s": 0.0, "idle_used_s": 0.0}),
+        **{f"rollout/{k}": v for k, v in group_stats(correct, first.lengths_R,
+                                                     first.rewards_PxG()).items()},
+        "rollout/tokens_per_s": summary["tokens_per_s"],
+        "spec/accept_len": summary.get("spec", {}).get("accept_len", 0.0),
+        "spec/sd_on_fraction": summary["sd_on_fraction"],
+        "drafter/version": self.engine.weights.drafter_version,
+        **{f"train/{k}": v for k, v in (metrics | select_metrics).items()},
+        "train/logprob_mismatch_max": mismatch,
+        "train/collective_bytes": int(self._collective_bytes),
+        **(drafter_metrics or {"time/drafter_s": 0.0, "drafter/idle_used_s": 0.0}),
+        "rollout_s": round(t_rollout, 4), "time/tail_s": round(tail_seconds(res), 4),
+        "time/update_s": round(t_update, 4), "time/weight_sync_s": round(t_sync, 4),
+        "time/collective_s": round(self._collective_s, 4),
+        "time/idle_device_s": round(float(sum(summary["shard_idle_s"])), 4),
         "step_s": round(time.perf_counter() - t0, 4),
     }
-    out["rollout_share"] = round(out["rollout_s"] / out["step_s"], 4)
+    out["time/rollout_share"] = round(out["rollout_s"] / out["step_s"], 4)
     record = rollout_record(self.step, res)
     self.step += 1
     return out, record
@@ -347,7 +352,8 @@ class Trainer:
       if distributed.is_writer():
         with open(os.path.join(self.out_dir, "warmup.json"), "w") as f:
           json.dump(self.warmup_report, f)
-    writer = RunWriter(self.out_dir, resumed, enabled=distributed.is_writer())
+    writer = RunWriter(self.out_dir, resumed, enabled=distributed.is_writer(),
+                       loggers=self.loop.loggers)
     hooks = loop_hooks(self, writer)
     history = []
     bar = tqdm(range(self.step, self.steps), desc=self.updater.learner.name,
@@ -360,11 +366,11 @@ class Trainer:
         m.update(before)
         for h in hooks:
           m.update(h.after_step(self))
-        m["compile_events"], m["compile_s"] = built.events, round(built.seconds, 3)
+        m["compile_events"], m["time/compile_s"] = built.events, round(built.seconds, 3)
         history.append(m)
         writer.step(m, record)
-        bar.set_postfix(reward=f"{m['reward']:.3f}", len=f"{m['length_p50']:.0f}",
-                        acc_len=f"{m['accept_len']:.2f}")
+        bar.set_postfix(reward=f"{m['reward']:.3f}", len=f"{m['rollout/length_p50']:.0f}",
+                        acc_len=f"{m['spec/accept_len']:.2f}")
         for h in hooks:
           h.after_record(self)
       for h in hooks:

@@ -15,27 +15,32 @@ import re
 import numpy as np
 
 from tlt_jax.models.tokenizer import CharTokenizer
+from tlt_jax.tasks import splits
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
-  """Difficulty mix: P(steps = k) is proportional to k ** -alpha for k in [min_steps, max_steps]."""
+  """Difficulty mix: P(steps = k) is proportional to k ** -alpha for k in [min_steps, max_steps].
+  `test_fraction`: the held-out side's share of prompt space (`tasks/splits.py`); a fifth, so
+  that even the ~150 one-step prompts leave a few dozen distinct held-out ones."""
 
   min_steps: int = 1
   max_steps: int = 16
   alpha: float = 1.3
   max_operand: int = 9
+  test_fraction: float = 0.2
 
   def __post_init__(self):
     if not 1 <= self.min_steps <= self.max_steps:
       raise ValueError(f"Need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}.")
     if self.max_operand < 1:
       raise ValueError(f"max_operand must be >= 1, got {self.max_operand}.")
+    splits.check_fraction(self.test_fraction, "test_fraction")
 
   @classmethod
   def from_dict(cls, d) -> "TaskConfig":
     """From a config section's generator fields."""
-    return cls(**{k: d[k] for k in ("min_steps", "max_steps", "alpha", "max_operand") if k in d})
+    return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
   def max_prompt_chars(self) -> int:
     """The longest prompt the generator can make, in characters."""
@@ -79,10 +84,11 @@ def make_problem(rng: np.random.Generator, cfg: TaskConfig) -> Problem:
   return Problem("".join(prompt) + "=", "".join(lines) + f"#{value}", value, steps)
 
 
-def make_problems(n: int, cfg: TaskConfig, seed: int) -> list[Problem]:
-  """`n` problems from `seed`."""
-  rng = np.random.default_rng(seed)
-  return [make_problem(rng, cfg) for _ in range(n)]
+def make_problems(n: int, cfg: TaskConfig, seed: int, split: str) -> list[Problem]:
+  """`n` problems from `seed` on `split`'s side of prompt space ("train" or "test": distinct,
+  and fewer when the side runs dry)."""
+  return splits.draw(lambda rng: make_problem(rng, cfg), lambda p: p.prompt, n, seed, split,
+                     cfg.test_fraction)
 
 
 _FORMAT = re.compile(r"^(\d+[+-]\d+=\d+;)*#(\d+)$")

@@ -1,5 +1,5 @@
-"""Prompt/answer datasets from local files, in the formats people have on disk, and the stable
-split of prompt space into a training side and a held-out side.
+"""Prompt/answer datasets from local files, in the formats people have on disk (split into a
+training and a held-out side by `tasks/splits.py`).
 
 Files: `.jsonl` (one object a line), `.json` (a list of objects) or `.parquet`. Row formats,
 tried in this order unless `prompt_key`/`answer_key` name the columns:
@@ -13,7 +13,6 @@ A row that cannot be read is a one-line error naming the file and the row (1-bas
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 
@@ -116,9 +115,3 @@ def load_examples(path: str, prompt_key: str = "", answer_key: str = "") -> list
     raise ConfigError(f"{path} holds no rows.")
   return out
 
-
-def held_out(text: str, fraction: float) -> bool:
-  """Whether prompt `text` falls on the held-out side of a split that puts `fraction` of prompt
-  space there: a stable hash of the text, the same on every machine and run."""
-  h = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
-  return h < fraction * 2**64

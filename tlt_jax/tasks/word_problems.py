@@ -10,6 +10,7 @@ import dataclasses
 
 import numpy as np
 
+from tlt_jax.tasks import splits
 from tlt_jax.tasks.math_data import MathProblem
 
 _NAMES = ["Sam", "Mia", "Leo", "Ava", "Noah", "Zoe", "Eli", "Ivy", "Max", "Lily"]
@@ -18,17 +19,20 @@ _ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "cookies
 
 @dataclasses.dataclass(frozen=True)
 class WordProblemConfig:
-  """The procedural word problems' difficulty: how many changes, and how large the numbers."""
+  """The procedural word problems' difficulty: how many changes, and how large the numbers;
+  `test_fraction`: the held-out side's share of prompt space (`tasks/splits.py`)."""
 
   min_steps: int = 1
   max_steps: int = 2
   max_value: int = 20
+  test_fraction: float = 0.1
 
   def __post_init__(self):
     if not 1 <= self.min_steps <= self.max_steps:
       raise ValueError(f"Need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}.")
     if self.max_value < 2:
       raise ValueError(f"max_value must be >= 2, got {self.max_value}.")
+    splits.check_fraction(self.test_fraction, "test_fraction")
 
 
 def make_word_problem(rng: np.random.Generator, cfg: WordProblemConfig) -> MathProblem:
@@ -53,7 +57,8 @@ def make_word_problem(rng: np.random.Generator, cfg: WordProblemConfig) -> MathP
   return MathProblem(" ".join(sentences), str(value))
 
 
-def make_word_problems(n: int, cfg: WordProblemConfig, seed: int) -> list[MathProblem]:
-  """`n` word problems from `seed`."""
-  rng = np.random.default_rng(seed)
-  return [make_word_problem(rng, cfg) for _ in range(n)]
+def make_word_problems(n: int, cfg: WordProblemConfig, seed: int, split: str) -> list[MathProblem]:
+  """`n` word problems from `seed` on `split`'s side of prompt space ("train" or "test":
+  distinct, and fewer when the side runs dry)."""
+  return splits.draw(lambda rng: make_word_problem(rng, cfg), lambda p: p.question, n, seed,
+                     split, cfg.test_fraction)

@@ -1,0 +1,103 @@
+"""Two pictures of a baseline run and a TLT run, from their run directories (`compare.py` reads
+the same records): `reward_curves` (batch reward and held-out accuracy by step and by wall time)
+and `rollout_anatomy` (the live rows over one rollout with its speculative dispatches, and the
+accepted length by step). The demo saves both next to its runs; the notebooks draw them too."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from matplotlib.figure import Figure  # no pyplot: no backend, no global state (headless CI)
+
+from tlt_jax.rl.compare import read_metrics
+from tlt_jax.rl.metrics import ROLLOUTS
+
+_RUNS = (("baseline", "o-"), ("TLT", "x--"))
+_EVENT_FIELDS = ("shard", "kind", "start", "end", "bucket", "live", "live_after", "tokens")
+
+
+def reward_curves(baseline_dir: str, tlt_dir: str, path: str | None = None) -> Figure:
+  """Batch reward and held-out accuracy (where a run evaluated) against the RL step and against
+  wall seconds (the cumulative step time), TLT over the baseline; saved to `path` when given.
+  Returns the figure."""
+  fig = Figure(figsize=(14, 3.8))
+  axes = fig.subplots(1, 3)
+  for (name, style), run_dir in zip(_RUNS, (baseline_dir, tlt_dir)):
+    ms = read_metrics(run_dir)
+    wall = np.cumsum([m["step_s"] for m in ms])
+    axes[0].plot([m["step"] for m in ms], [m["reward"] for m in ms], style, label=name)
+    axes[1].plot(wall, [m["reward"] for m in ms], style, label=name)
+    evals = [(m["step"], m["eval/accuracy"]) for m in ms if "eval/accuracy" in m]
+    if "eval/final_accuracy" in ms[-1]:
+      evals.append((ms[-1]["step"] + 1, ms[-1]["eval/final_accuracy"]))
+    if evals:
+      axes[2].plot(*zip(*evals), style, label=name)
+  axes[0].set(xlabel="RL step", ylabel="batch reward", title="reward by step")
+  axes[1].set(xlabel="wall seconds", ylabel="batch reward", title="reward by wall time")
+  axes[2].set(xlabel="RL steps done", ylabel="held-out accuracy", title="held-out accuracy")
+  for ax in axes:
+    if ax.has_data():
+      ax.legend()
+  fig.tight_layout()
+  if path:
+    fig.savefig(path, dpi=110)
+  return fig
+
+
+def rollouts(run_dir: str) -> list[dict]:
+  """A run's `rollouts.jsonl` records, each event as a dict (`_EVENT_FIELDS`)."""
+  with open(os.path.join(run_dir, ROLLOUTS)) as f:
+    recs = [json.loads(line) for line in f if line.strip()]
+  for r in recs:
+    r["events"] = [dict(zip(_EVENT_FIELDS, e)) for e in r["events"]]
+  return recs
+
+
+def live_rows(decode_events: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+  """The live rows of all shards together over a rollout, as a step function (times, rows):
+  each shard counts its latest dispatch's live rows from its start until the shard's last
+  dispatch ends."""
+  shards = sorted({e["shard"] for e in decode_events})
+  times = np.unique([x for e in decode_events for x in (e["start"], e["end"])])
+  total = np.zeros(len(times))
+  for s in shards:
+    evs = sorted((e for e in decode_events if e["shard"] == s), key=lambda e: e["start"])
+    starts = np.array([e["start"] for e in evs])
+    idx = np.searchsorted(starts, times, side="right") - 1
+    rows = np.array([e["live"] for e in evs])[np.maximum(idx, 0)]
+    total += np.where((idx >= 0) & (times < evs[-1]["end"]), rows, 0)
+  return times, total
+
+
+def rollout_anatomy(baseline_dir: str, tlt_dir: str, path: str | None = None,
+                    step: int | None = None) -> Figure:
+  """The live rows over one rollout (the last step both runs recorded, unless `step`) of each
+  run, the TLT run's speculative dispatches marked; and the TLT run's accepted length and
+  seconds of speculative decoding per step. Saved to `path` when given; returns the figure."""
+  rb, rt = rollouts(baseline_dir), rollouts(tlt_dir)
+  step = min(len(rb), len(rt)) - 1 if step is None else step
+  fig = Figure(figsize=(14, 3.8))
+  axes = fig.subplots(1, 3, gridspec_kw={"width_ratios": [2, 1, 1]})
+  for (name, style), rec in zip(_RUNS, (rb[step], rt[step])):
+    dec = [e for e in rec["events"] if e["kind"] not in ("prefill", "compact")]
+    t, live = live_rows(dec)
+    axes[0].step(t, live, style.lstrip("ox"), where="post", label=name)
+    spec = [e for e in dec if e["kind"].startswith("spec")]
+    if spec:
+      axes[0].scatter([e["start"] for e in spec], np.interp([e["start"] for e in spec], t, live),
+                      s=12, color="tab:red", label=f"{name}: SD on", zorder=3)
+  axes[0].set(xlabel="seconds into the rollout", ylabel="live rows, all shards",
+              title=f"live rows over the rollout of step {step}")
+  axes[0].set_yscale("log", base=2)
+  axes[0].legend()
+  axes[1].plot([r.get("spec", {}).get("accept_len", 0.0) for r in rt], "o-")
+  axes[1].set(xlabel="RL step", ylabel="tokens per verify step", title="TLT: accepted length")
+  axes[2].bar(range(len(rt)), [sum(e["end"] - e["start"] for e in r["events"]
+                                   if e["kind"].startswith("spec")) for r in rt])
+  axes[2].set(xlabel="RL step", ylabel="seconds", title="TLT: time with SD on")
+  fig.tight_layout()
+  if path:
+    fig.savefig(path, dpi=110)
+  return fig
