@@ -61,8 +61,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   # arm: each arm is a program per batch bucket <= threshold and shard, all built by the warm-up
   # (tiny_tlt's depth-6 EAGLE arm is the costliest to compile).
   base.demo_tlt(c.tlt, small)
-  if variant == "baseline":  # the baseline run's config alone (its warm start: the demo's)
-    c.baseline.out_dir = "runs/demo/baseline"
+  if variant == "baseline":  # the baseline run's config alone (its warm start: the demo's), in
+    c.baseline.out_dir = "runs/demo_baseline"  # its own directory: the demo's run stays as it is
     return c.baseline
   if variant == "drafter":  # the TLT run's config with the demo's warm start, on one device
     c.tlt.rollout.engine.num_shards = 1

@@ -110,7 +110,6 @@ class RunWriter:
 
   def __init__(self, out_dir: str, resumed: bool, enabled: bool = True,
                loggers: tuple[str, ...] = ("tensorboard",)):
-    check_loggers(loggers)
     mode = "a" if resumed else "w"
     self._files = {name: open(os.path.join(out_dir, name), mode)
                    for name in (METRICS, EVALS, ROLLOUTS)} if enabled else {}
