@@ -67,7 +67,7 @@ wheels: $(VENV)/.base
 # drafter, trained on that policy's rollouts.
 warmstart: $(VENV)/.base
 	$(PY) -m experiments.sft_warmstart --config=experiments/configs/sft_tiny.py --ship
-	$(PY) -m experiments.drafter_warmup --config=experiments/configs/demo.py:drafter --ship
+	$(PY) -m experiments.drafter_warmup --config=experiments/configs/demo.py:drafter --ship=demo
 
 # The README's pictures (not run by CI): the demo's, copied to docs/images.
 pictures: $(VENV)/.base

@@ -1,15 +1,17 @@
 """Warms up (or loads from the cache) the EAGLE drafter of a workload's policy, then reports its
-accepted length with a chain of 4 on held-out prompts, greedy and at the workload's temperature
-(`coupled` rule: the rollout's own sampling, so this is the acceptance a rollout sees).
+accepted length with a chain of `--depth` on held-out prompts, greedy and at the workload's
+temperature under both rules (`coupled`: the rollout's own sampling; `rejection`).
 
   python -m experiments.drafter_warmup --config=experiments/configs/drafter_tiny.py
-  python -m experiments.drafter_warmup --config=experiments/configs/demo.py:drafter --ship
-With --ship the drafter's weights are also written into the package (tlt_jax/assets/drafters),
-where every later warm-up with the same key finds them.
+  python -m experiments.drafter_warmup --config=experiments/configs/demo.py:drafter --ship=demo
+With --ship=NAME the drafter's weights are also written into the package
+(tlt_jax/assets/drafters/NAME, with its key and this command), where every later warm-up with the
+same key finds them and `--drafter=NAME` names them.
 """
 
 import dataclasses
 import json
+import sys
 
 import jax
 from absl import flags
@@ -24,7 +26,9 @@ from tlt_jax.spec.strategy import SpecConfig, Strategy
 from tlt_jax.workloads import build_drafter, build_workload, drafter_recipe, workload_config
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/drafter_tiny.py")
-_SHIP = flags.DEFINE_bool("ship", False, "Also write the drafter into the package's assets.")
+_SHIP = flags.DEFINE_string("ship", "", "Also write the drafter into the package's assets under "
+                            "this name.")
+_DEPTH = flags.DEFINE_integer("depth", 4, "Chain length of the held-out acceptance.")
 
 
 def main(argv):
@@ -37,17 +41,19 @@ def main(argv):
   eval_prompts = w.prompts
   print(f"drafter {provenance(meta)}: {meta['cache']}")
   if _SHIP.value and not meta["shipped"]:
-    print(f"drafter shipped at {ship_drafter(meta['cache'], meta['key'])}")
+    command = " ".join(["python -m experiments.drafter_warmup", *sys.argv[1:]])
+    print(f"drafter shipped at {ship_drafter(meta['cache'], _SHIP.value, meta['key'], command)}")
   accept = {}
-  for name, params in (("greedy", dataclasses.replace(w.params, temperature=0.0)),
-                       (f"t{w.params.temperature:g}", w.params)):
-    spec = SpecConfig(threshold=10**6, arms=(Strategy("eagle", depth=4),), min_accept_len=0.0,
-                      rule="coupled")
+  t = f"t{w.params.temperature:g}"
+  for name, params, rule in (("greedy", dataclasses.replace(w.params, temperature=0.0), "coupled"),
+                             (t, w.params, "coupled"), (f"{t}_rejection", w.params, "rejection")):
+    spec = SpecConfig(threshold=10**6, arms=(Strategy("eagle", depth=_DEPTH.value),),
+                      min_accept_len=0.0, rule=rule)
     engine = RolloutEngine(w.model, ecfg, pad_id=w.tokenizer.pad_id,
                            spec=spec, drafter=EagleProposer(drafter))
     engine.generate(eval_prompts, 1, params, jax.random.key(c.seed))
     accept[f"accept_len_{name}_heldout"] = round(engine.spec.accept_len(), 3)
-  train = {k: meta[k] for k in sorted(meta) if k.startswith("top1_agreement")}
+  train = {k: meta[k] for k in sorted(meta) if k.startswith(("top1_agreement", "total_variation"))}
   print(json.dumps({"cache": meta["cache"], **{f"{k}_train": v for k, v in train.items()},
                     "loss": meta.get("loss"), "seconds": meta.get("seconds"), **accept}))
 

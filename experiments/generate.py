@@ -5,16 +5,24 @@
 `--dtype=bfloat16` keeps the weights and runs the matmuls and the KV cache in bf16 (norms,
 softmax statistics and logits stay float32; on CPU float32 is the faster choice).
 With --json the last line is one JSON object with `text` and `token_ids` (generated ids only).
+
+Served with speculative decoding by a drafter (exact: the same output as without), shipped with
+the package (`--drafter=smollm2`) or a `drafter_warmup` artifact directory; `--compare_plain`
+also times plain decoding (each warm, the same engine layout) and adds `tokens_per_s`,
+`plain_tokens_per_s` and `speedup` to the JSON:
+  python -m experiments.generate --model=smollm2 --chat --drafter=smollm2 --compare_plain \
+      --prompt="Tom has 3 apples and buys 5 more. How many now?" --temperature=0.9 --json
 """
 
 import json
+import time
 
 import jax
 from absl import app, flags
 
 from experiments import launch
 from tlt_jax.drafter.proposer import EagleProposer
-from tlt_jax.drafter.warmup import load_drafter
+from tlt_jax.drafter.warmup import load_any_drafter, resolve_drafter
 from tlt_jax.models.precision import DTYPES, Precision
 from tlt_jax.models.pretrained import load_pretrained
 from tlt_jax.models.sampling import SamplingParams
@@ -32,32 +40,51 @@ _TOP_K = flags.DEFINE_integer("top_k", 0, "Top-k (0 is off).")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", DTYPES, "Weights, matmuls and KV cache dtype.")
 _JSON = flags.DEFINE_bool("json", False, "End with one JSON line: text and token_ids.")
-_DRAFTER = flags.DEFINE_string("drafter", None, "A drafter artifact directory: serve with "
-                               "speculative decoding (exact: the same output as without).")
+_DRAFTER = flags.DEFINE_string("drafter", None, "A shipped drafter's name (smollm2) or a drafter "
+                               "artifact directory: serve with speculative decoding (exact: the "
+                               "same output as without).")
+_COMPARE = flags.DEFINE_bool("compare_plain", False, "With --drafter, also time plain decoding "
+                             "and report the speedup.")
 _DEPTH = flags.DEFINE_integer("draft_depth", 4, "Draft depth (chain length or tree levels).")
 _TREE = flags.DEFINE_list("draft_tree", None, "TOPK,NODES: draft an EAGLE-2 tree expanding the "
                           "TOPK best nodes per level and verifying the NODES best drafts "
                           "(default: a chain).")
 
 
+def _timed(engine, prompt_ids, params, seed):
+  """The engine's completion and its wall seconds, the second of two calls (the first
+  compiles)."""
+  engine.generate([prompt_ids], 1, params, jax.random.key(seed))
+  t0 = time.perf_counter()
+  ids = engine.generate([prompt_ids], 1, params, jax.random.key(seed)).response(0)
+  return ids, time.perf_counter() - t0
+
+
 def generate(model, tok, prompt_ids: list[int], params: SamplingParams, seed: int = 0,
-             drafter_dir: str | None = None, depth: int = 4,
-             tree: tuple[int, int] | None = None) -> tuple[list[int], dict]:
-  """The completion's token ids of `prompt_ids`, and with a drafter artifact (`drafter_dir`:
-  served with speculative decoding, a chain of `depth` or a `tree` of (topk, nodes)) its
-  accepted length."""
-  if not drafter_dir:
+             drafter: str | None = None, depth: int = 4, tree: tuple[int, int] | None = None,
+             compare_plain: bool = False) -> tuple[list[int], dict]:
+  """The completion's token ids of `prompt_ids`, and with a drafter (`drafter`: a shipped
+  drafter's name or an artifact directory; served with speculative decoding, a chain of `depth`
+  or a `tree` of (topk, nodes)) its accepted length; with `compare_plain` also the speeds of
+  both, each timed warm."""
+  if not drafter:
     gen = generate_plain(model, [prompt_ids], jax.random.key(seed), params, pad_id=tok.pad_id)
     return gen.response(0), {}
-  drafter, _ = load_drafter(drafter_dir, model)
+  module, _ = load_any_drafter(resolve_drafter(drafter), model)
   arm = (Strategy("tree", depth=depth, topk=tree[0], nodes=tree[1]) if tree
          else Strategy("eagle", depth=depth))
   spec = SpecConfig(threshold=1, arms=(arm,), min_accept_len=0.0)
-  engine = RolloutEngine(model, EngineConfig(batch_buckets=(1,), max_batch=1,
-                                             prefill_buckets=(max(16, len(prompt_ids)),)),
-                         pad_id=tok.pad_id, spec=spec, drafter=EagleProposer(drafter))
-  ids = engine.generate([prompt_ids], 1, params, jax.random.key(seed)).response(0)
-  return ids, {"accept_len": round(engine.spec.accept_len(), 3)}
+  cfg = EngineConfig(batch_buckets=(1,), max_batch=1, prefill_buckets=(max(16, len(prompt_ids)),))
+  engine = RolloutEngine(model, cfg, pad_id=tok.pad_id, spec=spec, drafter=EagleProposer(module))
+  if not compare_plain:
+    ids = engine.generate([prompt_ids], 1, params, jax.random.key(seed)).response(0)
+    return ids, {"accept_len": round(engine.spec.accept_len(), 3)}
+  ids, sd_s = _timed(engine, prompt_ids, params, seed)
+  _, plain_s = _timed(RolloutEngine(model, cfg, pad_id=tok.pad_id), prompt_ids, params, seed)
+  return ids, {"accept_len": round(engine.spec.accept_len(), 3),
+               "tokens_per_s": round(len(ids) / sd_s, 2),
+               "plain_tokens_per_s": round(len(ids) / plain_s, 2),
+               "speedup": round(plain_s / sd_s, 3)}
 
 
 def main(argv):
@@ -77,8 +104,15 @@ def main(argv):
   if _TREE.value and len(_TREE.value) != 2:
     raise app.UsageError(f"--draft_tree takes TOPK,NODES, got {','.join(_TREE.value)}.")
   tree = tuple(int(x) for x in _TREE.value) if _TREE.value else None
-  ids, extra = generate(model, tok, prompt_ids, params, _SEED.value, _DRAFTER.value,
-                        _DEPTH.value, tree)
+  if _COMPARE.value and not _DRAFTER.value:
+    raise app.UsageError("--compare_plain compares speculative decoding with plain: give "
+                         "--drafter too.")
+  try:
+    drafter = resolve_drafter(_DRAFTER.value) if _DRAFTER.value else None
+  except FileNotFoundError as e:
+    raise app.UsageError(str(e)) from None
+  ids, extra = generate(model, tok, prompt_ids, params, _SEED.value, drafter, _DEPTH.value, tree,
+                        _COMPARE.value)
   completion = tok.decode(ids)
   print(completion)
   if _JSON.value:

@@ -76,6 +76,7 @@ def test_bench_spec_small(tmp_path):
   assert out["greedy_exact"] is True and out["coupled_identical"] is True
   assert out["differing_rows"] == out["differing_rows_greedy"] == 0.0
   assert out["accept_len"] >= 1.0
+  assert out["chooser"] == "cost" and out["predicted_vs_measured"]  # arms by the cost model
 
 
 def test_bench_gpu_small_writes_every_figure(tmp_path):
@@ -177,11 +178,13 @@ def test_a_run_killed_with_sigkill_resumes_the_same_trajectory(tmp_path):
     assert x["train/loss"] == pytest.approx(y["train/loss"], abs=1e-6)
 
 
-def test_drafter_warmup_small_unrolled_smollm2(tmp_path):
-  """The unrolled SmolLM2 drafter recipe end to end (a few steps): trained, cached, then judged
-  on held-out prompts greedy and at the rollout temperature."""
+def test_drafter_warmup_small_smollm2(tmp_path):
+  """The SmolLM2 drafter recipe (unrolled, T = 0.9 labels, TV) end to end (a few steps): trained,
+  cached, then judged on held-out prompts greedy and at the rollout temperature under both
+  rules."""
   out = last_json(run_module("experiments.drafter_warmup",
-                             "--config=experiments/configs/drafter_smollm2.py:small_unrolled",
+                             "--config=experiments/configs/drafter_smollm2.py:small",
                              f"--config.cache_dir={tmp_path}"))
   assert {"top1_agreement_train", "top1_agreement_d2_train", "top1_agreement_d3_train"} <= set(out)
   assert out["accept_len_greedy_heldout"] >= 1.0 and out["accept_len_t0.9_heldout"] >= 1.0
+  assert out["accept_len_t0.9_rejection_heldout"] >= 1.0 and 0 <= out["total_variation_train"] <= 1

@@ -61,18 +61,27 @@ def test_the_demo_s_warm_up_drafter_is_shipped():
   c = demo.get_config("drafter")
   wc, recipe = workload_config(c), drafter_recipe(c.drafter, ("adaptive", "eval_prompts"))
   key = drafter_key(wc, recipe, c.seed)
-  assert sorted(os.listdir(warmup.SHIPPED_ROOT)) == [key]  # no stale drafters ship
+  shipped = warmup.shipped_drafters()
+  assert sorted(os.listdir(warmup.SHIPPED_ROOT)) == sorted(shipped) == ["demo"]
+  assert shipped["demo"]["key"] == key and "demo.py:drafter" in shipped["demo"]["command"]
   drafter, meta = build_drafter(wc, recipe, c.seed, progress=False)
   assert meta["shipped"] and meta["key"] == key and meta["top1_agreement"] > 0.5
+  assert meta["cache"] == warmup.resolve_drafter("demo")
   assert drafter.target_cfg == get_preset("tiny")
+  with pytest.raises(FileNotFoundError, match="shipped names"):
+    warmup.resolve_drafter("llama-70b")
 
 
 def test_a_shipped_drafter_loads_exactly_and_only_for_its_target(tmp_path):
   target = init_model(small_config(), seed=0)
   drafter = init_drafter(target.cfg, DrafterConfig(feature_layers=(0, 1, 2)), seed=1)
   warmup.save_drafter(drafter, str(tmp_path / "cache"), {"loss": 1.5})
-  shipped = warmup.ship_drafter(str(tmp_path / "cache"), "k", str(tmp_path / "assets"))
-  loaded, meta = warmup.load_shipped_drafter(shipped, target)
+  shipped = warmup.ship_drafter(str(tmp_path / "cache"), "mine", "k", "python -m x",
+                                str(tmp_path / "assets"))
+  assert warmup.shipped_drafters(str(tmp_path / "assets")) == {
+      "mine": {"key": "k", "command": "python -m x"}}
+  assert warmup.resolve_drafter("mine", str(tmp_path / "assets")) == shipped
+  loaded, meta = warmup.load_any_drafter(shipped, target)
   assert meta == {"loss": 1.5} and loaded.cfg == drafter.cfg
   for a, b in zip(jax.tree.leaves(nnx.state(loaded, nnx.Param)),
                   jax.tree.leaves(nnx.state(drafter, nnx.Param))):

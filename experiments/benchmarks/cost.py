@@ -5,34 +5,17 @@ c(B, 1): these numbers choose its thresholds and arms."""
 
 from __future__ import annotations
 
-import functools
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tlt_jax.drafter.model import drafter_cache
-from tlt_jax.models import kv_cache as kvc
-from tlt_jax.models.precision import compute_copy
-from tlt_jax.models.sampling import SamplingParams, argmax, processed_logprobs
-
-_COST_PARAMS = SamplingParams(temperature=0.9)  # a sampled draft, as in the benchmarks
-
-
-def _times(fn, iters: int) -> np.ndarray:
-  fn()  # compile and warm
-  times = []
-  for _ in range(iters):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return np.asarray(times)
+from tlt_jax.drafter.costs import alternating_times, call_times, drafter_step_runner, step_runner
 
 
 def _median_time(fn, iters: int) -> float:
-  return float(np.median(_times(fn, iters)))
+  return float(np.median(call_times(fn, iters)))
 
 
 _SUM = jax.jit(jnp.sum)
@@ -44,8 +27,8 @@ def _read_times(mbytes: int, iters: int) -> tuple[np.ndarray, np.ndarray, int]:
   (the decode step's own pattern), and the bytes read."""
   x = jnp.ones((mbytes * 1024 * 1024 // 4,), jnp.float32)
   w, v = x.reshape(8192, -1), jnp.ones((1, 8192), jnp.float32)
-  t_sum = _times(lambda: _SUM(x), iters)
-  t_mv = _times(lambda: _MATVEC(w, v), iters)
+  t_sum = call_times(lambda: _SUM(x), iters)
+  t_mv = call_times(lambda: _MATVEC(w, v), iters)
   return t_sum, t_mv, x.nbytes
 
 
@@ -90,33 +73,7 @@ def param_bytes(model) -> int:
 def step_times(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 64,
                iters: int = 10, impl: str = "xla") -> np.ndarray:
   """Seconds of `iters` calls of one jitted cached step (see `step_runner`)."""
-  return _times(step_runner(model, batch, tokens, cache_len, prefix=prefix, impl=impl), iters)
-
-
-def step_runner(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 64,
-                impl: str = "xla"):
-  """A call of one jitted cached step, compiled once: `tokens` new tokens for each of `batch`
-  rows over a committed prefix of `prefix` tokens, followed by a commit (as a decode or a
-  verify), with attention implementation `impl` and the weights in the compute dtype, as the
-  engine holds them. The cache is donated and updated in place, as in the engine."""
-  graphdef, state = nnx.split(model)
-  state = compute_copy(state, model.cfg.dtype)
-  cfg = model.cfg
-  prefix_B = jnp.full((batch,), prefix, jnp.int32)
-
-  @functools.partial(jax.jit, donate_argnums=1)
-  def step(state, cache, toks):
-    out = nnx.merge(graphdef, state)(toks, cache)
-    cache = kvc.commit(out.cache, jnp.ones((batch,), jnp.int32))
-    return out.logits_BxTxV, cache.replace(lengths_B=prefix_B)  # the same step every call
-
-  box = [kvc.init_cache(cfg, batch, cache_len, impl=impl).replace(lengths_B=prefix_B)]
-  toks = jnp.ones((batch, tokens), jnp.int32)
-
-  def run():
-    logits, box[0] = step(state, box[0], toks)
-    return logits
-  return run
+  return call_times(step_runner(model, batch, tokens, cache_len, prefix=prefix, impl=impl), iters)
 
 
 def product_chain(model, fused: bool = True):
@@ -172,17 +129,6 @@ def matmul_only_cost(model, batch: int, iters: int = 10, fused: bool = True) -> 
   return _median_time(lambda: chain(*args, x), iters)
 
 
-def alternating_times(runners: dict, rounds: int, iters: int) -> dict:
-  """Seconds of every call of each of `runners` (name -> a compiled call), timed in `rounds`
-  alternating rounds of `iters` calls each, so that all of them see the same moments of a
-  shared machine; ratios of their fastest calls compare them."""
-  times = {k: [] for k in runners}
-  for _ in range(rounds):
-    for k, run in runners.items():
-      times[k].extend(_times(run, iters))
-  return {k: np.asarray(v) for k, v in times.items()}
-
-
 def cost_table(model, batches, tokens, cache_len: int, iters: int = 10, rounds: int = 3,
                impl: str = "xla") -> list[dict]:
   """c(B, T) for every pair, in milliseconds, with the per-row-token cost.
@@ -202,37 +148,6 @@ def cost_table(model, batches, tokens, cache_len: int, iters: int = 10, rounds: 
   return rows
 
 
-def drafter_step_runner(target, drafter, batch: int, tokens: int, cache_len: int, *,
-                        prefix: int = 64):
-  """A call of one draft step as the engine runs it, compiled once: the drafter on `tokens` new
-  inputs per row over a committed prefix (a chain step feeds 1, a tree level its expanded
-  nodes), the draft head over its vocabulary on the last input, the processed distribution and
-  a Gumbel-max draw with noise over the target's vocabulary."""
-  tgraph, tstate = nnx.split(target)
-  dgraph, dstate = nnx.split(drafter)
-  prefix_B = jnp.full((batch,), prefix, jnp.int32)
-  v = target.cfg.vocab_size
-
-  @functools.partial(jax.jit, donate_argnums=2)
-  def step(tstate, dstate, cache, toks, h, key):
-    tgt, d = nnx.merge(tgraph, tstate), nnx.merge(dgraph, dstate)
-    g, cache = d(tgt.embed_tokens(toks), h, cache)
-    logq = processed_logprobs(d.logits(tgt, g[:, -1:])[:, 0], _COST_PARAMS)
-    noise = jax.random.gumbel(key, (batch, v))
-    draft = d.token_ids(argmax(logq + d.of_vocab(noise)))
-    return draft, cache.replace(lengths_B=prefix_B)
-
-  box = [drafter_cache(target.cfg, batch, cache_len).replace(lengths_B=prefix_B)]
-  toks = jnp.ones((batch, tokens), jnp.int32)
-  h = jnp.ones((batch, tokens, target.cfg.d_model), jnp.dtype(target.cfg.dtype))
-  key = jax.random.key(0)
-
-  def run():
-    draft, box[0] = step(tstate, dstate, box[0], toks, h, key)
-    return draft
-  return run
-
-
 def speculation_bound(table: list[dict], draft_share: dict[int, float],
                       target_speedup: float = 1.8) -> list[dict]:
   """What speculation must accept to pay, from measured costs alone.
@@ -242,7 +157,8 @@ def speculation_bound(table: list[dict], draft_share: dict[int, float],
   d(B) = `draft_share[B]` x c(B, 1) each (a model-free proposer costs none), and emits `a` tokens
   per row (accepted drafts plus the bonus token), where plain decoding emits one per c(B, 1). So
   its speedup is a c(B, 1) / (c(B, 1 + k) + k d(B)). Reported per row: `verify_x` =
-  c(B, 1 + k) / c(B, 1), `draft_x` = d(B) / c(B, 1), the accepted length `target_speedup` needs with a model-free
+  c(B, 1 + k) / c(B, 1), `draft_x` = d(B) / c(B, 1), the accepted length `target_speedup` needs
+  with a model-free
   proposer and with the drafter (attainable only up to k + 1), and each one's ceiling, the
   speedup when every draft is accepted. The drafter's catching up on kept tokens and the host's
   work are left out, so the needs are lower bounds and the ceilings upper bounds.
@@ -270,7 +186,8 @@ def speculation_bound(table: list[dict], draft_share: dict[int, float],
 def drafter_cost_table(target, drafter, batches, tokens, cache_len: int, iters: int = 10,
                        rounds: int = 3) -> list[dict]:
   """Draft-step cost for every (B, T) pair, in milliseconds (fastest call), timed together with
-  the target's decode step at the same batch (`alternating_times`); `target_ms` is that step's fastest
+  the target's decode step at the same batch (`alternating_times`); `target_ms` is that step's
+  fastest
   call in the same rounds and `share` = ms / target_ms, the draft step as a fraction of c(B, 1)
   measured at the same moments of the machine."""
   rows = []

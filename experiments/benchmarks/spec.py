@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from tlt_jax.drafter.costs import measure_cost_table, needed_cells
 from tlt_jax.drafter.proposer import as_proposer
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
@@ -73,11 +74,13 @@ def _best_of(engine, prompts, g, params, key, repeats):
 
 
 def compare(model, prompts, g, params: SamplingParams, engine_cfg: EngineConfig,
-            spec: SpecConfig, key, pad_id=0, repeats=2, drafter=None) -> dict:
+            spec: SpecConfig, key, pad_id=0, repeats=2, drafter=None, costs=None) -> dict:
+  """The controller's rollout (SD below its threshold, arms by its chooser; `costs`: the `cost`
+  chooser's table) against plain decoding's, best of `repeats` warm runs each."""
   engine_cfg = dataclasses.replace(engine_cfg, precompile=True)
   plain_engine = RolloutEngine(model, engine_cfg, pad_id=pad_id)
   sd_engine = RolloutEngine(model, engine_cfg, pad_id=pad_id, spec=spec,
-                            drafter=as_proposer(drafter))
+                            drafter=as_proposer(drafter), costs=costs)
   plain, plain_s = _best_of(plain_engine, prompts, g, params, key, repeats)
   sd_engine.spec.reset_stats()
   sd, sd_s = _best_of(sd_engine, prompts, g, params, key, repeats)
@@ -99,6 +102,7 @@ def compare(model, prompts, g, params: SamplingParams, engine_cfg: EngineConfig,
       "accept_len": summary["accept_len"],
       "chosen_per_bucket": summary["chosen_per_bucket"],
       "accept_len_per_arm": summary["accept_len_per_arm"],
+      "predicted_vs_measured": summary.get("predicted_vs_measured"),
       "retired": summary["retired"],
       "plain_s": round(plain_s, 3), "sd_s": round(sd_s, 3),
       "sd_on_fraction": sd.timeline.summary()["sd_on_fraction"],
@@ -107,40 +111,110 @@ def compare(model, prompts, g, params: SamplingParams, engine_cfg: EngineConfig,
   }
 
 
+def _step_s(result, keep=_decoding) -> float:
+  """Seconds per dispatched step over the events `keep` selects."""
+  ev = [e for e in result.timeline.events if keep(e)]
+  steps = sum(e.steps for e in ev)
+  return sum(e.end - e.start for e in ev) / steps if steps else float("nan")
+
+
+def _host_s(result) -> float:
+  """The rollout's wall time outside every dispatch (host work between them)."""
+  return result.timeline.wall_s - sum(e.end - e.start for e in result.timeline.events)
+
+
+def sweep_costs(model, drafter, prompts, rows_list, spec: SpecConfig, max_new: int, slack: int):
+  """c(B, T) and d(B, T) for every arm of the sweep at its row counts, measured now, over a cache
+  of a rollout's length and a prefix of a row's mean length half-way through."""
+  target_cells, draft_cells = needed_cells(
+      dataclasses.replace(spec, threshold=max(rows_list)), sorted(rows_list))
+  if drafter is None:
+    draft_cells = set()
+  longest = max(len(p) for p in prompts[:max(rows_list)])
+  prefix = int(np.mean([len(p) for p in prompts[:max(rows_list)]])) + max_new // 2
+  return measure_cost_table(model, drafter, target_cells, draft_cells,
+                            longest + max_new + slack, prefix=prefix)
+
+
 def arm_sweep(model, prompts, rows_list, params: SamplingParams, engine_cfg: EngineConfig,
-              spec: SpecConfig, key, pad_id=0, repeats=2, drafter=None) -> list[dict]:
-  """Speedup of each arm alone against plain decoding when a rollout starts at `rows` live rows
+              spec: SpecConfig, key, pad_id=0, repeats=5, drafter=None, ignore_eos=False
+              ) -> list[dict]:
+  """Speed of each arm alone against plain decoding when a rollout starts at `rows` live rows
   (the first `rows` prompts, one sample each, speculating from the first step; no bandit, no
-  fallback): the table of speedup against batch size that explains the bandit's choices. Times
-  are decode seconds (prefill is the same for both), best of `repeats` warm runs; speedups are
-  `sd_speedup`'s."""
+  fallback): the table of speedup against batch size that explains the chooser's picks.
+
+  `repeats` rounds alternate plain decoding and every arm, so that all see the same moments of a
+  shared machine; each cell reports the median and the spread of its rounds' speedups. With
+  `ignore_eos` every row decodes exactly `max_new_tokens` (no stop token), so plain decoding and
+  either rule emit the same tokens and a speedup is a plain ratio of decode seconds; the
+  accepted length is then also reported to each row's first stop token (`accept_len_to_eos`,
+  from one more run that stops there). Otherwise speedups are `sd_speedup`'s.
+
+  Beside each cell: its prediction from the cost model measured in the same run (`sweep_costs`,
+  `spec.costs.CostTable.speedup` at the cell's fixed-length acceptance) and the step's parts:
+  verify, draft steps and the drafter's following as the model prices them, the measured
+  speculative and plain step, what the measured step holds beyond the model (`other_ms`), and
+  host time per step between dispatches.
+  """
   engine_cfg = dataclasses.replace(engine_cfg, precompile=False)
-
-  def best(engine, rows):
-    engine.generate(prompts[:rows], 1, params, key)  # warm
-    runs = [engine.generate(prompts[:rows], 1, params, key) for _ in range(repeats)]
-    return min(runs, key=_decode_s)
-
-  plain_engine = RolloutEngine(model, engine_cfg, pad_id=pad_id)
+  timed = dataclasses.replace(params, stop_tokens=()) if ignore_eos else params
+  costs = sweep_costs(model, drafter, prompts, rows_list, spec, params.max_new_tokens,
+                      engine_cfg.cache_slack + spec.max_written + 1)
+  ms = lambda x: None if x is None else round(1e3 * x, 3)
   table = []
   for rows in rows_list:
-    plain = best(plain_engine, rows)
-    for arm in spec.arms:
-      if arm.is_plain:
-        continue
+    sub = prompts[:rows]
+    plain_engine = RolloutEngine(model, engine_cfg, pad_id=pad_id)
+    engines = {}
+    for arm in (a for a in spec.arms if not a.is_plain):
       one = dataclasses.replace(spec, threshold=max(engine_cfg.batch_buckets), arms=(arm,),
-                                min_accept_len=0.0, epsilon=0.0)
-      engine = RolloutEngine(model, engine_cfg, pad_id=pad_id, spec=one,
-                             drafter=as_proposer(drafter))
-      sd = best(engine, rows)
-      table.append({"rows": rows, "arm": arm.name, "plain_s": round(_decode_s(plain), 4),
-                    "sd_s": round(_decode_s(sd), 4),
-                    "speedup": _round(sd_speedup(plain, sd)),
-                    "accept_len": round(engine.spec.accept_len(), 3),
-                    "identical": bool(np.array_equal(plain.tokens, sd.tokens)),
-                    "differing_rows": float(np.mean(np.any(plain.tokens != sd.tokens, axis=1)))})
+                                min_accept_len=0.0, epsilon=0.0, chooser="bandit")
+      engines[arm] = RolloutEngine(model, engine_cfg, pad_id=pad_id, spec=one,
+                                   drafter=as_proposer(drafter))
+    for engine in (plain_engine, *engines.values()):
+      engine.generate(sub, 1, timed, key)  # warm
+      if engine.spec is not None:
+        engine.spec.reset_stats()
+    plain_runs, sd_runs = [], {arm: [] for arm in engines}
+    for _ in range(repeats):
+      plain_runs.append(plain_engine.generate(sub, 1, timed, key))
+      for arm, engine in engines.items():
+        sd_runs[arm].append(engine.generate(sub, 1, timed, key))
+    for arm, engine in engines.items():
+      accept = engine.spec.accept_len()
+      ratios = [_decode_s(p) / _decode_s(r) if ignore_eos else sd_speedup(p, r)
+                for p, r in zip(plain_runs, sd_runs[arm])]
+      ratios = [x for x in ratios if x is not None]
+      row = {"rows": rows, "arm": arm.name,
+             "plain_s": round(float(np.median([_decode_s(p) for p in plain_runs])), 4),
+             "sd_s": round(float(np.median([_decode_s(r) for r in sd_runs[arm]])), 4),
+             "speedup": _round(float(np.median(ratios))) if ratios else None,
+             "speedup_min": _round(min(ratios, default=None)),
+             "speedup_max": _round(max(ratios, default=None)),
+             "accept_len": round(accept, 3),
+             "plain_tokens": plain_runs[-1].timeline.tokens,
+             "sd_tokens": sd_runs[arm][-1].timeline.tokens,
+             "predicted": _round(costs.speedup(arm, rows, accept, spec.rule)),
+             "identical": bool(np.array_equal(plain_runs[-1].tokens, sd_runs[arm][-1].tokens)),
+             "differing_rows": float(np.mean(np.any(
+                 plain_runs[-1].tokens != sd_runs[arm][-1].tokens, axis=1)))}
+      if ignore_eos:
+        engine.spec.reset_stats()
+        engine.generate(sub, 1, params, key)
+        row["accept_len_to_eos"] = round(engine.spec.accept_len(), 3)
+      terms = costs.step_terms(arm, rows, spec.rule) or {}
+      sd_step = float(np.median([_step_s(r) for r in sd_runs[arm]]))
+      row.update(c1_ms=ms(costs.target(rows, 1)), **{f"{k}_ms": ms(v) for k, v in terms.items()},
+                 sd_step_ms=ms(sd_step),
+                 plain_step_ms=ms(float(np.median([_step_s(p) for p in plain_runs]))),
+                 other_ms=ms(sd_step - sum(terms.values())) if terms else None,
+                 host_ms_per_step=ms(float(np.median(
+                     [_host_s(r) / max(sum(e.steps for e in r.timeline.events), 1)
+                      for r in sd_runs[arm]]))))
+      table.append(row)
   return table
 
 
 def greedy_params(params: SamplingParams) -> SamplingParams:
+  """`params` at temperature 0 (top-k and top-p off)."""
   return dataclasses.replace(params, temperature=0.0, top_k=0, top_p=1.0)

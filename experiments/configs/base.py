@@ -107,16 +107,19 @@ def tiny_drafter(small: bool = False) -> CD:
   return c
 
 
-def smollm2_drafter(small: bool = False, unrolled: bool = False) -> CD:
+def smollm2_drafter(small: bool = False, teacher_forced: bool = False) -> CD:
   """SmolLM2's warm-up EAGLE drafter with a draft vocabulary restricted to the 4096 tokens most
-  frequent in its own rollouts; `unrolled` trains draft depths 2 and 3 as they run, on the
-  drafter's own outputs (EAGLE-3's training-time test; each step costs about three)."""
+  frequent in its own rollouts, trained for sampling at T = 0.9: draft depths 2 and 3 as they run,
+  on the drafter's own outputs (EAGLE-3's training-time test; each step costs about three), soft
+  labels at the rollout temperature and a total-variation term (one minus the rejection rule's
+  acceptance). `teacher_forced`: TLT's recipe (depth 1 only, labels at T = 1, no TV)."""
   c = CD()
   c.model = CD(dict(ce_weight=0.5, draft_vocab=512 if small else 4096))
-  if unrolled:
-    c.model.unroll_steps, c.model.unroll_decay = 3, 0.8
+  if not teacher_forced:
+    c.model.update(unroll_steps=3, unroll_decay=0.8, label_temperature=0.9, tv_weight=0.5)
   c.train = CD(dict(lr=1e-3, warmup_steps=30))
-  c.warmup = CD(dict(steps=4 if small else 600, batch_rows=4 if small else 16, seq_len=384))
+  c.warmup = CD(dict(steps=4 if small else (600 if teacher_forced else 400),
+                     batch_rows=4 if small else 16, seq_len=384))
   c.warmup_prompts = 4 if small else 256
   c.adaptive = CD()
   return c

@@ -1,21 +1,19 @@
 """Speculative-decoding benchmark on SmolLM2-135M-Instruct with the word problems, temperature 0.9
-as in TLT, with the cached warm-up drafter of `drafter_smollm2.py` (trained first if missing).
-Thresholds and arms follow the measured c(B, T) in docs/BENCHMARKS.md: at batch 1 a verify of
-4-8 tokens costs 1.2-1.45x a decode step and a draft step with the restricted head ~0.1x; at
-batch 4 a verify of 4-8 tokens costs 1.5-2.1x, more than the accepted length at T = 0.9 repays.
+as in TLT, with the shipped warm-up drafter `smollm2` (`drafter_smollm2.py`; trained and cached
+first only if its recipe changed).
 
-The bandit's arms are the EAGLE chain of 3, the suffix chain of 3 and plain decoding: in the
-arm sweep (run alone, from 1, 2 and 4 live rows) both chains beat plain and every tree lost
-(0.60-0.91x), so trees only appear in the sweep; a bandit exploring arms that always lose spends
-the short SD phase on them.
+The controller's arms are the EAGLE chain of 3, the suffix chain of 3 and plain decoding, chosen
+per batch bucket by the measured cost model (`spec.chooser = "cost"`: each arm's speed predicted
+from c(B, T) and its running acceptance; the table is measured at start-up and cached per
+machine). The arm sweep runs each arm alone from 1, 2 and 4 live rows, every row decoding exactly
+256 tokens, in 5 rounds alternating with plain decoding, beside each cell its prediction from the
+costs measured in the same run and the step's parts.
 
-Run (the `rejection` variant speculates with the rejection rule instead of `coupled`; its outputs
-differ from plain sampling's, so its speedups price SD's tokens at plain decoding's measured rate
-per batch bucket, see `spec.bench.sd_speedup`):
+Run (the `rejection` variant speculates with the rejection rule instead of `coupled`; `bandit`
+chooses arms by measured tokens per second instead; `teacher_forced` uses the drafter of
+`drafter_smollm2.py:teacher_forced`, TLT's recipe):
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py:rejection
-The `unrolled` variant uses the drafter of `drafter_smollm2.py:unrolled`:
-  python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py:unrolled
 """
 
 import ml_collections
@@ -24,16 +22,20 @@ from experiments.configs import base
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  if variant not in ("", "small", "rejection", "unrolled"):
-    raise ValueError(f"Unknown variant {variant!r}; use '', 'small', 'rejection' or 'unrolled'.")
+  variants = ("", "small", "rejection", "bandit", "teacher_forced")
+  if variant not in variants:
+    raise ValueError(f"Unknown variant {variant!r}; use one of {variants}.")
   small = variant == "small"
   c = base.smollm2_workload(small)
-  c.drafter = base.smollm2_drafter(small, unrolled=variant == "unrolled")  # cached
-  c.spec = base.spec((("eagle", 3, 0), ("suffix", 3, 3), ("plain", 1, 0)), threshold=2)
+  c.drafter = base.smollm2_drafter(small, teacher_forced=variant == "teacher_forced")
+  c.spec = base.spec((("eagle", 3, 0), ("suffix", 3, 3), ("plain", 1, 0)), threshold=2,
+                     chooser="bandit" if variant == "bandit" else "cost")
   if variant == "rejection":
     c.spec.rule = "rejection"
   c.bench = ml_collections.ConfigDict(dict(
       num_prompts=2 if small else 8, group_size=2 if small else 4, repeats=2,
-      sweep_rows=(1, 2, 4),  # each arm alone from these live batches: speedup against batch size
-      sweep_arms=(("eagle", 3, 0), ("tree", 3, 2, 4), ("tree", 4, 3, 8), ("suffix", 3, 3))))
+      # Each arm alone from these live batches (speedup against batch size), every row decoding
+      # exactly max_new_tokens, in alternating rounds with plain decoding.
+      sweep_rows=(1, 2) if small else (1, 2, 4), ignore_eos=True, sweep_repeats=2 if small else 5,
+      sweep_arms=(("eagle", 3, 0), ("eagle", 2, 0), ("tree", 3, 2, 4), ("suffix", 3, 3))))
   return c

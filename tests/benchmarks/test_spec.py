@@ -1,13 +1,21 @@
 """The SD benchmark's speed figure: a ratio of times where outputs are identical, SD's tokens
-priced at plain decoding's per-bucket rate where they are not (the rejection rule)."""
+priced at plain decoding's per-bucket rate where they are not (the rejection rule), and the
+fixed-length arm sweep where both emit the same tokens."""
 
 import types
 
+import jax
 import numpy as np
 import pytest
 
+from experiments.benchmarks.spec import arm_sweep, sd_speedup
+from tests.conftest import small_config
+from tlt_jax.drafter.model import DrafterConfig, init_drafter
+from tlt_jax.models import init_model
+from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.rollout.timeline import Timeline
-from experiments.benchmarks.spec import sd_speedup
+from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 
 def _rollout(tokens, events):
@@ -44,3 +52,31 @@ def test_different_outputs_are_priced_at_plain_rates_per_bucket():
   # No plain rate at bucket 4: no figure rather than a guessed one.
   sd = _rollout([1, 3], [("spec:suffix_d3", 4, 3, 1.0, 10)])
   assert sd_speedup(plain, sd) is None
+
+
+@pytest.mark.parametrize("rule", ["coupled", "rejection"])
+def test_the_fixed_length_sweep_emits_the_same_tokens_under_either_rule(rule):
+  """With `ignore_eos` every row decodes exactly max_new_tokens, plain or speculative under
+  either rule, so a speedup is a plain ratio of decode times; each cell has its spread, its
+  prediction from the costs measured in the same run and the step's parts."""
+  target = init_model(small_config(), seed=0)
+  drafter = init_drafter(target.cfg, DrafterConfig(), seed=1)
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(3, 53, size=6).tolist() for _ in range(2)]
+  params = SamplingParams(temperature=0.9, max_new_tokens=12, stop_tokens=(3, 4, 5))
+  cfg = EngineConfig(batch_buckets=(1, 2), max_batch=2, steps_per_dispatch=2, precompile=False)
+  spec = SpecConfig(threshold=2, rule=rule,
+                    arms=(Strategy("eagle", 3, 0), Strategy("suffix", 2, 2)))
+  rows = arm_sweep(target, prompts, (1, 2), params, cfg, spec, jax.random.key(0), repeats=2,
+                   drafter=drafter, ignore_eos=True)
+  assert [(r["rows"], r["arm"]) for r in rows] == [
+      (1, "eagle_d3"), (1, "suffix_d2_n2"), (2, "eagle_d3"), (2, "suffix_d2_n2")]
+  for r in rows:
+    assert r["plain_tokens"] == r["sd_tokens"] == 12 * r["rows"]
+    assert r["speedup_min"] <= r["speedup"] <= r["speedup_max"]
+    assert r["speedup"] == pytest.approx(r["plain_s"] / r["sd_s"], rel=0.5)
+    assert r["predicted"] > 0 and 1.0 <= r["accept_len_to_eos"] and 1.0 <= r["accept_len"]
+    assert r["verify_ms"] > 0 and r["sd_step_ms"] > 0 and r["c1_ms"] > 0
+    assert (r["draft_ms"] > 0) == (r["arm"] == "eagle_d3")
+    if rule == "coupled":
+      assert r["identical"]

@@ -328,6 +328,44 @@ def test_unrolled_loss_adds_deeper_depths_and_one_step_is_teacher_forcing():
   assert np.isfinite(float(loss3)) and float(loss3) != pytest.approx(float(loss1))
 
 
+def test_labels_at_the_rollout_temperature_total_variation_and_acceptance_weighting():
+  """The soft labels and the drafter's distribution are both taken at `label_temperature`; the
+  `total_variation` metric is one minus the rejection rule's acceptance of a depth-1 draft,
+  sum(min(p, q)); `tv_weight` adds it to the loss; `accept_weighting` only lowers the weight of
+  depths 2.. (by the detached chance that the depths before were accepted)."""
+  from tlt_jax.drafter.losses import drafter_loss
+  target = peaked_model()
+  toks = jax.random.randint(jax.random.key(3), (2, 12), 0, V_MODEL)
+  mask = jnp.ones((2, 12), bool)
+  feats, hidden = teacher_batch(target, np.asarray(toks), DrafterConfig())
+  cfg = DrafterConfig(ce_weight=0.5, label_temperature=0.7)
+  d = init_drafter(target.cfg, cfg, seed=4)
+  loss, m = drafter_loss(d, target, toks, feats, hidden, mask)
+  g, _ = d(target.embed_tokens(toks[:, 1:]), feats[:, :-1])
+  p = jax.nn.softmax(d.logits(target, hidden[:, 1:]) / 0.7, -1)
+  logq = jax.nn.log_softmax(d.logits(target, g) / 0.7, -1)
+  np.testing.assert_allclose(m["soft_ce"], jnp.mean(-jnp.sum(p * logq, -1)), rtol=1e-5)
+  accept = jnp.mean(jnp.sum(jnp.minimum(p, jnp.exp(logq)), -1))
+  np.testing.assert_allclose(m["total_variation"], 1.0 - accept, rtol=1e-5)
+  at_one, _ = drafter_loss(init_drafter(target.cfg, DrafterConfig(ce_weight=0.5), seed=4),
+                           target, toks, feats, hidden, mask)
+  assert float(at_one) != pytest.approx(float(loss))  # the temperature changes the labels
+  with_tv, m_tv = drafter_loss(
+      init_drafter(target.cfg, DrafterConfig(ce_weight=0.5, label_temperature=0.7, tv_weight=2.0),
+                   seed=4), target, toks, feats, hidden, mask)
+  np.testing.assert_allclose(with_tv, loss + 2.0 * m["total_variation"], rtol=1e-5)
+  unrolled = dict(ce_weight=0.5, unroll_steps=3)
+  plain3, m3 = drafter_loss(init_drafter(target.cfg, DrafterConfig(**unrolled), seed=4),
+                            target, toks, feats, hidden, mask)
+  weighted3, w3 = drafter_loss(
+      init_drafter(target.cfg, DrafterConfig(**unrolled, accept_weighting=True), seed=4),
+      target, toks, feats, hidden, mask)
+  np.testing.assert_allclose(w3["soft_ce"], m3["soft_ce"], rtol=1e-6)  # depth 1 is unchanged
+  assert float(weighted3) < float(plain3)
+  with pytest.raises(ValueError, match="label_temperature"):
+    DrafterConfig(label_temperature=0.0)
+
+
 def test_unroll_config_is_checked():
   with pytest.raises(ValueError, match="unroll_steps"):
     DrafterConfig(unroll_steps=0)

@@ -192,6 +192,6 @@ def test_generate_cli_with_a_drafter_gives_the_same_text(checkpoint, tmp_path):
   restricted = DrafterConfig(draft_vocab=16, vocab_ids=tuple(range(3, 35, 2)))
   save_drafter(init_drafter(model.cfg, restricted, seed=1), str(tmp_path / "tree"), {})
   assert load_drafter(str(tmp_path / "tree"), model)[0].cfg.vocab_ids == restricted.vocab_ids
-  tree, _ = generate(model, tok, tok.encode(prompt), params, drafter_dir=str(tmp_path / "tree"),
+  tree, _ = generate(model, tok, tok.encode(prompt), params, drafter=str(tmp_path / "tree"),
                      depth=3, tree=(2, 4))
   assert tree == plain

@@ -38,6 +38,13 @@ class DrafterConfig:
   reads the drafter's own output of depth j - 1 instead of the target's feature and attends as
   the drafter's cache does at that depth (`Drafter.teacher_step`); depth j's loss weighs
   `unroll_decay ** (j - 1)`. With 1, every position is teacher-forced (EAGLE, TLT).
+
+  The soft labels are the target's distribution at `label_temperature` (the rollout's
+  temperature: the distribution drafts are verified against), and the drafter's at the same
+  temperature; `tv_weight` adds their total-variation distance, one minus the probability that
+  the rejection rule accepts the draft (an acceptance-targeted loss). `accept_weighting` weighs
+  depth j at index t by the probability (detached) that depths 1 .. j - 1 of a chain drafted
+  from t were accepted, so that depths which are rarely reached matter less.
   """
 
   feature_layers: tuple[int, ...] = ()
@@ -47,6 +54,9 @@ class DrafterConfig:
   vocab_ids: tuple[int, ...] = ()
   unroll_steps: int = 1
   unroll_decay: float = 1.0
+  label_temperature: float = 1.0
+  tv_weight: float = 0.0
+  accept_weighting: bool = False
 
   def __post_init__(self):
     if self.unroll_steps < 1:
@@ -54,6 +64,11 @@ class DrafterConfig:
                        f"{self.unroll_steps}.")
     if not self.unroll_decay > 0:
       raise ValueError(f"unroll_decay must be > 0, got {self.unroll_decay}.")
+    if not self.label_temperature > 0:
+      raise ValueError(f"label_temperature must be > 0 (the rollout's temperature), got "
+                       f"{self.label_temperature}.")
+    if self.tv_weight < 0:
+      raise ValueError(f"tv_weight must be >= 0, got {self.tv_weight}.")
     if self.draft_vocab < 0:
       raise ValueError(f"draft_vocab must be >= 0 (0: the full vocabulary), got "
                        f"{self.draft_vocab}.")
@@ -68,7 +83,8 @@ class DrafterConfig:
     return (f"DrafterConfig(feature_layers={self.feature_layers}, smooth_l1_weight="
             f"{self.smooth_l1_weight}, ce_weight={self.ce_weight}, draft_vocab={self.draft_vocab}, "
             f"vocab_ids=<{len(self.vocab_ids)} ids>, unroll_steps={self.unroll_steps}, "
-            f"unroll_decay={self.unroll_decay})")
+            f"unroll_decay={self.unroll_decay}, label_temperature={self.label_temperature}, "
+            f"tv_weight={self.tv_weight}, accept_weighting={self.accept_weighting})")
 
 
 def layer_config(target: ModelConfig) -> ModelConfig:

@@ -3,8 +3,10 @@
 The target samples responses to task prompts with the rollout engine; the drafter is trained with
 TLT's loss on those sequences (teacher forcing on the target's hidden states). The result is saved
 with its config under a key made of the target's weights and the warm-up settings, so later runs
-load it instead of retraining. A drafter shipped with the package under that key (the demo's, in
-`assets/drafters/<key>/drafter.safetensors`) is used before the cache.
+load it instead of retraining. A drafter shipped with the package (`assets/drafters/<name>/`:
+`drafter.safetensors` and `recipe.json` with its key and the command that remakes it) is used
+before the cache by every warm-up with its key, and can be named wherever a drafter is taken
+(`resolve_drafter`: `demo`, `smollm2`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 SHIPPED_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
                             "drafters")
 WEIGHTS = "drafter.safetensors"
+RECIPE = "recipe.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,19 +188,57 @@ def load_shipped_drafter(directory: str, target) -> tuple[Drafter, dict]:
   return nnx.merge(graphdef, nnx.from_flat_state(leaves)), json.loads(info.get("meta", "{}"))
 
 
-def ship_drafter(cache_dir: str, key: str, root: str = SHIPPED_ROOT) -> str:
-  """Copies the weights file of the cached drafter in `cache_dir` to `root/key` (the package's
-  assets); returns that directory."""
-  directory = os.path.join(root, key)
+def ship_drafter(cache_dir: str, name: str, key: str, command: str,
+                 root: str = SHIPPED_ROOT) -> str:
+  """Copies the weights file of the cached drafter in `cache_dir` to `root/name` (the package's
+  assets) beside its `recipe.json` (its key and the `command` that remakes it); returns that
+  directory."""
+  directory = os.path.join(root, name)
   os.makedirs(directory, exist_ok=True)
   shutil.copyfile(os.path.join(cache_dir, WEIGHTS), os.path.join(directory, WEIGHTS))
+  with open(os.path.join(directory, RECIPE), "w") as f:
+    json.dump({"key": key, "command": command}, f, indent=1)
   return directory
+
+
+def shipped_drafters(root: str = SHIPPED_ROOT) -> dict[str, dict]:
+  """{name: its recipe.json} of every drafter shipped under `root`."""
+  out = {}
+  for name in sorted(os.listdir(root)) if os.path.isdir(root) else ():
+    if os.path.exists(os.path.join(root, name, RECIPE)):
+      with open(os.path.join(root, name, RECIPE)) as f:
+        out[name] = json.load(f)
+  return out
+
+
+def resolve_drafter(name_or_dir: str, root: str = SHIPPED_ROOT) -> str:
+  """The artifact directory of a drafter given by directory or by the name of a shipped one."""
+  if os.path.isdir(name_or_dir):
+    return name_or_dir
+  if name_or_dir in shipped_drafters(root):
+    return os.path.join(root, name_or_dir)
+  raise FileNotFoundError(f"No drafter {name_or_dir!r}: give an artifact directory or one of the "
+                          f"shipped names {sorted(shipped_drafters(root))}.")
+
+
+def load_any_drafter(directory: str, target) -> tuple[Drafter, dict]:
+  """A drafter artifact: a shipped one (`recipe.json` beside its weights) or a cached warm-up."""
+  if os.path.exists(os.path.join(directory, RECIPE)):
+    return load_shipped_drafter(directory, target)
+  return load_drafter(directory, target)
+
+
+# Drafter settings added after drafters were first shipped enter the key only when they differ from
+# their defaults, so that the keys of drafters trained without them stay the same.
+_LATER_FIELDS = {"label_temperature": 1.0, "tv_weight": 0.0, "accept_weighting": False}
 
 
 def warmup_key(target, prompts, params: SamplingParams, dcfg: DrafterConfig,
                tcfg: DrafterTrainConfig, wcfg: WarmupConfig) -> str:
   """The drafter's cache key: the target's weights, the warm-up settings and its prompts."""
-  return content_digest([PARAM_LAYOUT, target_fingerprint(target), dataclasses.asdict(dcfg),
+  recipe = {k: v for k, v in dataclasses.asdict(dcfg).items()
+            if k not in _LATER_FIELDS or v != _LATER_FIELDS[k]}
+  return content_digest([PARAM_LAYOUT, target_fingerprint(target), recipe,
                          dataclasses.asdict(tcfg), dataclasses.asdict(wcfg), repr(params),
                          [list(map(int, p)) for p in prompts]])
 
@@ -208,10 +249,11 @@ def warm_up(target, prompts, params: SamplingParams, *, pad_id: int, dcfg: Draft
   """The warm-up drafter for `target`: shipped with the package, else cached, else trained and
   cached. `meta["key"]` is its key; `meta["shipped"]` says where it came from."""
   key = warmup_key(target, prompts, params, dcfg, tcfg, wcfg)
-  shipped = os.path.join(SHIPPED_ROOT, key)
-  if os.path.exists(os.path.join(shipped, WEIGHTS)):
-    drafter, meta = load_shipped_drafter(shipped, target)
-    return drafter, dict(meta, cache=shipped, cached=True, shipped=True, key=key)
+  for name, info in shipped_drafters().items():
+    if info["key"] == key:
+      drafter, meta = load_shipped_drafter(os.path.join(SHIPPED_ROOT, name), target)
+      return drafter, dict(meta, cache=os.path.join(SHIPPED_ROOT, name), cached=True,
+                           shipped=True, key=key)
   directory = os.path.join(cache_root, "drafter", key)
   if os.path.isdir(directory) and Checkpointer(directory, local=True).latest_step() is not None:
     drafter, meta = load_drafter(directory, target)

@@ -12,11 +12,13 @@ import jax
 import numpy as np
 
 from tlt_jax import distributed
+from tlt_jax.drafter.costs import cost_table_for
 from tlt_jax.hashing import content_digest, provenance
 from tlt_jax.rl.compare import compare_runs, heldout_change, read_metrics
 from tlt_jax.rl.config import RunConfig
 from tlt_jax.rl.metrics import write_run_record
 from tlt_jax.rl.trainer import Trainer
+from tlt_jax.sft import default_cache_dir
 from tlt_jax.workloads import build_drafter, build_workload, fitting, starting_policy
 
 
@@ -76,8 +78,13 @@ def build_trainer(rc: RunConfig, progress: bool = True, stages: Stages | None = 
                                       policy=stages.policy, split="test"), longest, "held-out")
     n = len(held_out.prompts) - len(held_out.prompts) % jax.process_count()
     eval_prompts, eval_answers = held_out.prompts[:n], held_out.answers[:n]
+  costs = None
+  if rc.spec is not None and rc.spec.chooser == "cost":  # measured once per machine, cached
+    cache_len = longest + w.params.max_new_tokens + rc.spec.max_written + 1
+    costs, _ = cost_table_for(w.model, stages.drafter, rc.spec, rc.engine.batch_buckets,
+                              cache_len, rc.workload.cache_dir or default_cache_dir())
   return Trainer(w, rc.loop, engine_cfg=rc.engine, learner=rc.learner, optim=rc.optim,
-                 spec=rc.spec, drafter=stages.drafter, adaptive=rc.adaptive,
+                 spec=rc.spec, drafter=stages.drafter, adaptive=rc.adaptive, costs=costs,
                  eval_prompts=eval_prompts, eval_answers=eval_answers)
 
 

@@ -138,12 +138,13 @@ class Trainer:
   `prompt_pool` with `answers`); `eval_prompts` (with answers) are scored every
   `loop.eval_every` steps, at step 0 and at the end (`eval/accuracy`, the response lengths'
   percentiles and the fraction of groups with mixed rewards: the task's properties for this
-  policy)."""
+  policy). `costs`: the cost table of `spec.chooser = "cost"`."""
 
   def __init__(self, workload, loop: LoopConfig, *, engine_cfg: EngineConfig, learner: Learner,
                optim: OptimConfig, spec: SpecConfig | None = None, drafter=None, adaptive=None,
                prompt_pool: list | None = None, answers: list | None = None,
-               eval_prompts: list | None = None, eval_answers: list | None = None):
+               eval_prompts: list | None = None, eval_answers: list | None = None,
+               costs=None):
     self.w, self.loop, self.out_dir, self.steps = workload, loop, loop.out_dir, loop.steps
     prompts_per_step, group_size = loop.prompts_per_step, loop.group_size
     self.prompts_per_step, self.group_size, self.seed = prompts_per_step, group_size, loop.seed
@@ -159,7 +160,7 @@ class Trainer:
       engine_cfg = dataclasses.replace(engine_cfg, max_prompt_len=longest)
     try:
       self.engine = RolloutEngine(workload.model, engine_cfg, pad_id=workload.tokenizer.pad_id,
-                                  spec=spec, drafter=as_proposer(drafter))
+                                  spec=spec, drafter=as_proposer(drafter), costs=costs)
     except ValueError as e:
       raise ConfigError(f"config.rollout.engine: {e}") from None
     self.adaptive = None

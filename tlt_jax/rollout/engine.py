@@ -38,6 +38,7 @@ from tlt_jax.rollout.shards import shard_meshes
 from tlt_jax.rollout.timeline import Timeline
 from tlt_jax.rollout.weights import WeightStore
 from tlt_jax.spec.controller import SpecController
+from tlt_jax.spec.costs import CostTable
 from tlt_jax.spec.proposer import DraftModel, get_proposer
 from tlt_jax.spec.strategy import SpecConfig
 from tlt_jax.typed import typed
@@ -143,14 +144,16 @@ class RolloutEngine:
   """Generates G samples per prompt with compaction, k-step dispatches and per-device shards."""
 
   def __init__(self, model, config: EngineConfig, *, pad_id: int = 0, devices=None,
-               spec: SpecConfig | None = None, drafter: DraftModel | None = None):
+               spec: SpecConfig | None = None, drafter: DraftModel | None = None,
+               costs: CostTable | None = None):
     if spec is not None and any(a.uses_drafter for a in spec.arms) and drafter is None:
       raise ValueError("SpecConfig has 'eagle' or 'tree' arms but no drafter was given to the "
                        "engine.")
     if spec is not None and config.cache_slack < spec.max_written + 1:
       config = dataclasses.replace(config, cache_slack=spec.max_written + 1)
     self.cfg = config
-    self.spec = SpecController(spec, config.batch_buckets) if spec is not None else None
+    self.spec = (SpecController(spec, config.batch_buckets, costs) if spec is not None
+                 else None)
     names = dict.fromkeys(a.proposer for a in spec.arms if not a.is_plain) if spec else {}
     # The proposers that keep per-row state from the rows' context, in `DecodeState.proposers`.
     self.context_proposers = tuple(p for p in map(get_proposer, names) if p.reads_context)
@@ -305,7 +308,7 @@ class RolloutEngine:
                          steps=self.cfg.steps_per_dispatch, live_after=len(live_slots),
                          tokens=emitted)
     if run.arm is not None:
-      self.spec.record(run.b, run.arm, emitted, int(np.sum(ss_now - run.ss)), wall)
+      self.spec.record(run.b, run.arm, emitted, int(np.sum(ss_now - run.ss)), wall, run.live)
     run.t, run.ss = t_now, ss_now
     finished = np.flatnonzero(done & (run.slots >= 0))
     if len(live_slots) == 0:

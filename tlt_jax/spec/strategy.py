@@ -63,7 +63,12 @@ class Strategy:
 
 @dataclasses.dataclass(frozen=True)
 class SpecConfig:
-  """When and how to speculate. SD runs on a shard while its live batch is <= `threshold`."""
+  """When and how to speculate. SD runs on a shard while its live batch is <= `threshold`.
+
+  `chooser` picks the arm per batch bucket: `bandit` by measured tokens per second (epsilon-
+  greedy, `spec.bandit`), `cost` by the speed the measured cost model predicts at each arm's
+  running acceptance (`spec.cost_chooser`; the engine then needs a `spec.costs.CostTable`).
+  """
 
   threshold: int = 8
   rule: str = "coupled"               # coupled | rejection
@@ -73,8 +78,11 @@ class SpecConfig:
   min_accept_len: float = 1.05        # health: below this mean tokens/step the arm is retired
   health_window: int = 64             # speculative steps per row-dispatch judged together
   seed: int = 0
+  chooser: str = "bandit"             # bandit | cost
 
   def __post_init__(self):
+    if self.chooser not in ("bandit", "cost"):
+      raise ValueError(f"chooser must be 'bandit' or 'cost', got {self.chooser!r}.")
     if self.rule not in ("coupled", "rejection"):
       raise ValueError(f"rule must be 'coupled' or 'rejection', got {self.rule!r}.")
     if not self.arms:

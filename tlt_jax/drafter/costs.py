@@ -1,0 +1,168 @@
+"""Measuring the cost model of speculative decoding (`spec.costs.CostTable`): c(B, T) of the
+target and d(B, T) of the drafter, each a jitted step as the engine runs it, timed in alternating
+rounds so that their ratios come from the same moments of a shared machine. `cost_table_for`
+measures the cells a speculation config needs once per machine and caches them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tlt_jax.drafter.model import drafter_cache
+from tlt_jax.hashing import content_digest
+from tlt_jax.models import kv_cache as kvc
+from tlt_jax.models.precision import compute_copy
+from tlt_jax.models.sampling import SamplingParams, argmax, processed_logprobs
+from tlt_jax.spec.costs import CostTable
+from tlt_jax.spec.proposer import get_proposer
+from tlt_jax.spec.strategy import SpecConfig
+
+_COST_PARAMS = SamplingParams(temperature=0.9)  # a sampled draft, as in the benchmarks
+
+
+def call_times(fn, iters: int) -> np.ndarray:
+  """Seconds of `iters` calls of `fn` (after one call that compiles and warms it)."""
+  fn()  # compile and warm
+  times = []
+  for _ in range(iters):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return np.asarray(times)
+
+
+def step_runner(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 64,
+                impl: str = "xla"):
+  """A call of one jitted cached step, compiled once: `tokens` new tokens for each of `batch`
+  rows over a committed prefix of `prefix` tokens, followed by a commit (as a decode or a
+  verify), with attention implementation `impl` and the weights in the compute dtype, as the
+  engine holds them. The cache is donated and updated in place, as in the engine."""
+  graphdef, state = nnx.split(model)
+  state = compute_copy(state, model.cfg.dtype)
+  cfg = model.cfg
+  prefix_B = jnp.full((batch,), prefix, jnp.int32)
+
+  @functools.partial(jax.jit, donate_argnums=1)
+  def step(state, cache, toks):
+    out = nnx.merge(graphdef, state)(toks, cache)
+    cache = kvc.commit(out.cache, jnp.ones((batch,), jnp.int32))
+    return out.logits_BxTxV, cache.replace(lengths_B=prefix_B)  # the same step every call
+
+  # The cache is donated: its lengths must not be the closed-over `prefix_B` itself.
+  box = [kvc.init_cache(cfg, batch, cache_len, impl=impl).replace(lengths_B=prefix_B + 0)]
+  toks = jnp.ones((batch, tokens), jnp.int32)
+
+  def run():
+    logits, box[0] = step(state, box[0], toks)
+    return logits
+  return run
+
+
+def alternating_times(runners: dict, rounds: int, iters: int) -> dict:
+  """Seconds of every call of each of `runners` (name -> a compiled call), timed in `rounds`
+  alternating rounds of `iters` calls each, so that all of them see the same moments of a
+  shared machine; ratios of their fastest calls compare them."""
+  times = {k: [] for k in runners}
+  for _ in range(rounds):
+    for k, run in runners.items():
+      times[k].extend(call_times(run, iters))
+  return {k: np.asarray(v) for k, v in times.items()}
+
+
+def drafter_step_runner(target, drafter, batch: int, tokens: int, cache_len: int, *,
+                        prefix: int = 64):
+  """A call of one draft step as the engine runs it, compiled once: the drafter on `tokens` new
+  inputs per row over a committed prefix (a chain step feeds 1, a tree level its expanded
+  nodes), the draft head over its vocabulary on the last input, the processed distribution and
+  a Gumbel-max draw with noise over the target's vocabulary."""
+  tgraph, tstate = nnx.split(target)
+  dgraph, dstate = nnx.split(drafter)
+  prefix_B = jnp.full((batch,), prefix, jnp.int32)
+  v = target.cfg.vocab_size
+
+  @functools.partial(jax.jit, donate_argnums=2)
+  def step(tstate, dstate, cache, toks, h, key):
+    tgt, d = nnx.merge(tgraph, tstate), nnx.merge(dgraph, dstate)
+    g, cache = d(tgt.embed_tokens(toks), h, cache)
+    logq = processed_logprobs(d.logits(tgt, g[:, -1:])[:, 0], _COST_PARAMS)
+    noise = jax.random.gumbel(key, (batch, v))
+    draft = d.token_ids(argmax(logq + d.of_vocab(noise)))
+    return draft, cache.replace(lengths_B=prefix_B)
+
+  box = [drafter_cache(target.cfg, batch, cache_len).replace(lengths_B=prefix_B + 0)]
+  toks = jnp.ones((batch, tokens), jnp.int32)
+  h = jnp.ones((batch, tokens, target.cfg.d_model), jnp.dtype(target.cfg.dtype))
+  key = jax.random.key(0)
+
+  def run():
+    draft, box[0] = step(tstate, dstate, box[0], toks, h, key)
+    return draft
+  return run
+
+
+def needed_cells(spec: SpecConfig, buckets) -> tuple[set, set]:
+  """The (B, T) cells of the target and of the drafter that `spec`'s arms are priced with, at
+  the batch buckets up to its threshold's bucket."""
+  top = min((b for b in buckets if b >= spec.threshold), default=max(buckets))
+  target, draft = set(), set()
+  for b in (b for b in buckets if b <= top):
+    target.add((b, 1))
+    for arm in spec.arms:
+      if arm.is_plain:
+        continue
+      target.add((b, 1 + arm.verified(spec.rule)))
+      if get_proposer(arm.proposer).uses_draft_model:
+        draft |= {(b, 1 if arm.proposer == "eagle" else arm.topk), (b, arm.depth)}
+  return target, draft
+
+
+def measure_cost_table(target, drafter, target_cells, draft_cells, cache_len: int, *,
+                       prefix: int = 64, rounds: int = 3, iters: int = 5) -> CostTable:
+  """The fastest call of each cell; each batch's cells, the target's and the drafter's, timed
+  together in alternating rounds."""
+  target_s, draft_s = {}, {}
+  for b in sorted({b for b, _ in target_cells | draft_cells}):
+    runners = {("t", t): step_runner(target, b, t, cache_len, prefix=prefix)
+               for bb, t in sorted(target_cells) if bb == b}
+    runners.update({("d", t): drafter_step_runner(target, drafter, b, t, cache_len, prefix=prefix)
+                    for bb, t in sorted(draft_cells) if bb == b})
+    for (kind, t), x in alternating_times(runners, rounds, iters).items():
+      (target_s if kind == "t" else draft_s)[(b, t)] = float(np.min(x))
+  return CostTable(target_s, draft_s)
+
+
+def machine_id() -> dict:
+  """What a cost table is valid for besides the model: the backend, device, cores and jax."""
+  return {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
+          "cpus": os.cpu_count(), "machine": platform.machine(), "jax": jax.__version__}
+
+
+def cost_table_for(target, drafter, spec: SpecConfig, buckets, cache_len: int, cache_dir: str,
+                   *, prefix: int = 64) -> tuple[CostTable, bool]:
+  """The cost table `spec`'s `cost` chooser needs: loaded from `cache_dir/costs` when this
+  machine measured it for these shapes before, else measured (a few seconds per bucket) and
+  cached. Returns (table, whether it was loaded)."""
+  target_cells, draft_cells = needed_cells(spec, buckets)
+  dshape = None if drafter is None else (repr(drafter.cfg), drafter.target_cfg.to_dict())
+  key = content_digest([machine_id(), target.cfg.to_dict(), dshape, sorted(target_cells),
+                        sorted(draft_cells), cache_len, prefix])
+  path = os.path.join(cache_dir, "costs", f"{key}.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      return CostTable.from_json(f.read()), True
+  if draft_cells and drafter is None:
+    raise ValueError("The spec's arms draft with a drafter, but none was given to price them.")
+  table = measure_cost_table(target, drafter, target_cells, draft_cells, cache_len, prefix=prefix)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    f.write(table.to_json())
+  os.replace(path + ".tmp", path)
+  return table, False

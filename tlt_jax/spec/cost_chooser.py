@@ -1,0 +1,126 @@
+"""The `cost` chooser: an arm per batch bucket from the measured cost model, not from wall time.
+
+Each speculative arm's speed against plain decoding is predicted as
+`accept_len * c(B, 1) / step(B)` (`spec.costs.CostTable`), its accepted length being the arm's
+running mean over every row-step it ran. While that mean is uncertain the chooser scores the arm
+by an upper confidence bound: its most tokens per step before `MIN_DISPATCHES` dispatches, then
+the mean plus `Z` standard errors (from the spread of its dispatches' means, weighted by their
+row-steps). So an arm is tried while it might pay and dropped once it is known not to. Plain
+decoding scores 1 and is chosen when no arm's bound is above it. Unlike timing short dispatches, the step costs come from a table measured once, so the
+short speculative phase of a rollout is not spent measuring them.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+from tlt_jax.spec.costs import CostTable
+from tlt_jax.spec.strategy import Strategy
+
+
+MIN_DISPATCHES = 3
+Z = 2.0
+
+
+class CostChooser:
+  """Chooses, per batch bucket, the arm with the best predicted speed (plain when none pays);
+  the same interface as `bandit.BucketedEpsilonGreedy`."""
+
+  def __init__(self, arms: tuple[Strategy, ...], table: CostTable, rule: str):
+    self.arms, self.table, self.rule = arms, table, rule
+    self.tokens = collections.Counter()
+    self.row_steps = collections.Counter()
+    self._moments = collections.defaultdict(lambda: [0, 0.0, 0.0])  # dispatches, sum w^2, w x^2
+    self.choices = collections.Counter()
+    # (bucket, arm) -> measured tokens/s per live row, all but its first dispatch (which may
+    # have waited for its program to compile)
+    self._rates = collections.defaultdict(list)
+    self._seen = set()
+
+  def _max_accept(self, a: int) -> int:
+    arm = self.arms[a]
+    return 1 + (arm.depth if arm.proposer == "tree" else arm.verified(self.rule))
+
+  def accept_len(self, a: int) -> float | None:
+    """The arm's mean tokens per row-step so far (None before it ran)."""
+    return self.tokens[a] / self.row_steps[a] if self.row_steps[a] else None
+
+  def score(self, bucket: int, a: int, optimistic: bool = True) -> float | None:
+    """Predicted speed against plain decoding at `bucket` (1 for plain): with `optimistic`, at
+    the upper confidence bound of its accepted length; None where a cost is not in the table."""
+    if self.arms[a].is_plain:
+      return 1.0
+    mean = self.accept_len(a)
+    if optimistic:
+      accept = min(self._max_accept(a), mean + Z * self._stderr(a)) if mean else None
+      accept = self._max_accept(a) if accept is None else accept
+    else:
+      accept = mean
+    return None if accept is None else self.table.speedup(self.arms[a], bucket, accept, self.rule)
+
+  def choose(self, bucket: int, allowed: list[int]) -> int | None:
+    """The allowed arm with the best optimistic score; when none scores above 1, the `plain`
+    arm, or None (plain decoding) if it is not among the arms."""
+    if not allowed:
+      raise ValueError("No arm is allowed.")
+    scored = [(s, a) for a in allowed if (s := self.score(bucket, a)) is not None]
+    plain = next((a for a in allowed if self.arms[a].is_plain), None)
+    arm = max(scored, key=lambda x: x[0])[1] if scored and max(scored)[0] > 1.0 else plain
+    self.choices[(bucket, arm)] += 1
+    return arm
+
+  def _stderr(self, a: int) -> float:
+    """The standard error of the arm's accepted length (infinite before `MIN_DISPATCHES`)."""
+    m, w2, wx2 = self._moments[a]
+    w, mean = self.row_steps[a], self.accept_len(a)
+    if m < MIN_DISPATCHES:
+      return math.inf
+    var = max(wx2 / w - mean * mean, 0.0)
+    return math.sqrt(var * w2 / (w * w))  # var / effective number of dispatches
+
+  def observe(self, arm: int, tokens: int, row_steps: int) -> None:
+    """Adds a speculative dispatch's emitted tokens and row-steps to the arm's acceptance."""
+    if row_steps <= 0:
+      return
+    self.tokens[arm] += tokens
+    self.row_steps[arm] += row_steps
+    x = tokens / row_steps
+    mom = self._moments[arm]
+    mom[0], mom[1], mom[2] = mom[0] + 1, mom[1] + row_steps ** 2, mom[2] + row_steps * x * x
+
+  def update(self, bucket: int, arm: int, reward: float) -> None:
+    """Records a dispatch's measured tokens per second per live row (reported beside the
+    prediction)."""
+    if (bucket, arm) in self._seen:
+      self._rates[(bucket, arm)].append(float(reward))
+    self._seen.add((bucket, arm))
+
+  def best(self, bucket: int, allowed: list[int]) -> int | None:
+    """The arm with the best predicted speed at its measured acceptance; the `plain` arm, or
+    None (plain decoding), when none is predicted to pay."""
+    scored = [(s, a) for a in allowed
+              if (s := self.score(bucket, a, optimistic=False)) is not None]
+    if scored and max(scored)[0] > 1.0:
+      return max(scored)[1]
+    return next((a for a in allowed if self.arms[a].is_plain), None)
+
+  def medians(self) -> dict:
+    """Median measured tokens/s per live row, per `bucket/arm`."""
+    med = lambda r: sorted(r)[len(r) // 2]
+    return {f"{b}/{a}": med(r) for (b, a), r in self._rates.items() if r}
+
+  def predicted_vs_measured(self) -> dict:
+    """Per `bucket/arm` that ran speculatively: the predicted speed against plain decoding at
+    its measured acceptance, and the measured one (its tokens/s per live row over plain's,
+    1 / c(B, 1) from the table)."""
+    out = {}
+    for (b, a), rates in self._rates.items():
+      c1 = self.table.target(b, 1)
+      if self.arms[a].is_plain or not rates or c1 is None:
+        continue
+      pred = self.score(b, a, optimistic=False)
+      measured = sorted(rates)[len(rates) // 2] * c1
+      out[f"{b}/{self.arms[a].name}"] = {"predicted": None if pred is None else round(pred, 3),
+                                         "measured": round(measured, 3)}
+    return out
