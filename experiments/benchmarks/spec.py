@@ -133,7 +133,7 @@ def sweep_costs(model, drafter, prompts, rows_list, spec: SpecConfig, max_new: i
   longest = max(len(p) for p in prompts[:max(rows_list)])
   prefix = int(np.mean([len(p) for p in prompts[:max(rows_list)]])) + max_new // 2
   return measure_cost_table(model, drafter, target_cells, draft_cells,
-                            longest + max_new + slack, prefix=prefix)
+                            longest + max_new + slack, prefix=prefix, rule=spec.rule)
 
 
 def arm_sweep(model, prompts, rows_list, params: SamplingParams, engine_cfg: EngineConfig,

@@ -37,5 +37,5 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       # Each arm alone from these live batches (speedup against batch size), every row decoding
       # exactly max_new_tokens, in alternating rounds with plain decoding.
       sweep_rows=(1, 2) if small else (1, 2, 4), ignore_eos=True, sweep_repeats=2 if small else 5,
-      sweep_arms=(("eagle", 3, 0), ("eagle", 2, 0), ("tree", 3, 2, 4), ("suffix", 3, 3))))
+      sweep_arms=(("eagle", 2, 0), ("eagle", 3, 0), ("eagle", 4, 0), ("suffix", 3, 3))))
   return c

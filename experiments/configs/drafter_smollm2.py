@@ -5,7 +5,8 @@ restricted to the 4096 tokens most frequent in the target's own rollouts, traine
 
 Run (the artifact is cached under .cache/drafter; `--ship` writes it into the package as the
 drafter named `smollm2`, which every later run with this recipe loads instead of training):
-  python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py --ship
+  python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py \
+      --depth=3 --ship=smollm2
 The `teacher_forced` variant trains TLT's recipe (depth 1 only, labels at T = 1), for comparison:
   python -m experiments.drafter_warmup \
       --config=experiments/configs/drafter_smollm2.py:teacher_forced

@@ -78,11 +78,12 @@ def alternating_times(runners: dict, rounds: int, iters: int) -> dict:
 
 
 def drafter_step_runner(target, drafter, batch: int, tokens: int, cache_len: int, *,
-                        prefix: int = 64):
+                        prefix: int = 64, rule: str = "coupled"):
   """A call of one draft step as the engine runs it, compiled once: the drafter on `tokens` new
   inputs per row over a committed prefix (a chain step feeds 1, a tree level its expanded
   nodes), the draft head over its vocabulary on the last input, the processed distribution and
-  a Gumbel-max draw with noise over the target's vocabulary."""
+  a Gumbel-max draw, with noise over the target's vocabulary under `coupled` (the target's own)
+  and over the draft vocabulary under `rejection` (an independent stream)."""
   tgraph, tstate = nnx.split(target)
   dgraph, dstate = nnx.split(drafter)
   prefix_B = jnp.full((batch,), prefix, jnp.int32)
@@ -93,8 +94,10 @@ def drafter_step_runner(target, drafter, batch: int, tokens: int, cache_len: int
     tgt, d = nnx.merge(tgraph, tstate), nnx.merge(dgraph, dstate)
     g, cache = d(tgt.embed_tokens(toks), h, cache)
     logq = processed_logprobs(d.logits(tgt, g[:, -1:])[:, 0], _COST_PARAMS)
-    noise = jax.random.gumbel(key, (batch, v))
-    draft = d.token_ids(argmax(logq + d.of_vocab(noise)))
+    if rule == "coupled":
+      draft = d.token_ids(argmax(logq + d.of_vocab(jax.random.gumbel(key, (batch, v)))))
+    else:
+      draft = d.token_ids(argmax(logq + jax.random.gumbel(key, logq.shape)))
     return draft, cache.replace(lengths_B=prefix_B)
 
   box = [drafter_cache(target.cfg, batch, cache_len).replace(lengths_B=prefix_B + 0)]
@@ -125,14 +128,16 @@ def needed_cells(spec: SpecConfig, buckets) -> tuple[set, set]:
 
 
 def measure_cost_table(target, drafter, target_cells, draft_cells, cache_len: int, *,
-                       prefix: int = 64, rounds: int = 3, iters: int = 5) -> CostTable:
-  """The fastest call of each cell; each batch's cells, the target's and the drafter's, timed
-  together in alternating rounds."""
+                       prefix: int = 64, rounds: int = 3, iters: int = 5,
+                       rule: str = "coupled") -> CostTable:
+  """The fastest call of each cell; each batch's cells, the target's and the drafter's (drafting
+  under `rule`), timed together in alternating rounds."""
   target_s, draft_s = {}, {}
   for b in sorted({b for b, _ in target_cells | draft_cells}):
     runners = {("t", t): step_runner(target, b, t, cache_len, prefix=prefix)
                for bb, t in sorted(target_cells) if bb == b}
-    runners.update({("d", t): drafter_step_runner(target, drafter, b, t, cache_len, prefix=prefix)
+    runners.update({("d", t): drafter_step_runner(target, drafter, b, t, cache_len,
+                                                  prefix=prefix, rule=rule)
                     for bb, t in sorted(draft_cells) if bb == b})
     for (kind, t), x in alternating_times(runners, rounds, iters).items():
       (target_s if kind == "t" else draft_s)[(b, t)] = float(np.min(x))
@@ -153,14 +158,15 @@ def cost_table_for(target, drafter, spec: SpecConfig, buckets, cache_len: int, c
   target_cells, draft_cells = needed_cells(spec, buckets)
   dshape = None if drafter is None else (repr(drafter.cfg), drafter.target_cfg.to_dict())
   key = content_digest([machine_id(), target.cfg.to_dict(), dshape, sorted(target_cells),
-                        sorted(draft_cells), cache_len, prefix])
+                        sorted(draft_cells), cache_len, prefix, spec.rule])
   path = os.path.join(cache_dir, "costs", f"{key}.json")
   if os.path.exists(path):
     with open(path) as f:
       return CostTable.from_json(f.read()), True
   if draft_cells and drafter is None:
     raise ValueError("The spec's arms draft with a drafter, but none was given to price them.")
-  table = measure_cost_table(target, drafter, target_cells, draft_cells, cache_len, prefix=prefix)
+  table = measure_cost_table(target, drafter, target_cells, draft_cells, cache_len, prefix=prefix,
+                             rule=spec.rule)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path + ".tmp", "w") as f:
     f.write(table.to_json())

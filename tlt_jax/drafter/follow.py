@@ -69,12 +69,15 @@ def draft_chain(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, k
   Draft j sits at response position `t0 + 1 + j`. Under `coupled` it is the Gumbel-max sample of
   the drafter's processed distribution with that position's own noise (the target's), so a good
   drafter agrees with the target's sample; under `rejection` it is drawn with an independent
-  stream and `q` (returned, `[B, k, V]`) is what it was drawn from. Returns the drafts, q, and the
-  drafter cache with only the first pair (which used the target's true feature) committed.
+  stream and `q` (returned, `[B, k, V]`) is what it was drawn from; that stream is independent
+  of the target's, so its noise covers the draft vocabulary alone. Returns the drafts, q, the
+  `coupled` noise drawn at the drafts' positions (`[B, k, V]`, which the verify reuses; None
+  otherwise) and the drafter cache with only the first pair (which used the target's true
+  feature) committed.
   """
   b = s0_B.shape[0]
   cache, tok_B, h = dcache, s0_B, drafter.project(feat_BxF[:, None])
-  drafts, qs = [], []
+  drafts, qs, noise = [], [], []
   for j in range(k):
     g, cache = drafter(target.embed_tokens(tok_B[:, None]), h, cache)
     cache = kvc.commit(cache, jnp.ones((b,), jnp.int32))
@@ -82,20 +85,25 @@ def draft_chain(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, k
     pos_B = t0_B + 1 + j
     if params.greedy:
       idx_B = argmax(logq_BxR)
-    else:
-      # The noise lives in the target's token space (under `coupled` it is the target's own).
+    elif rule == "coupled":  # the target's own noise, in its token space
       v = target.cfg.vocab_size
-      stream = (lambda i, t: noise_key(key, i, t)) if rule == "coupled" else (
-          lambda i, t: verify.stream_key(key, i, t, verify.DRAFT_STREAM))
-      g_BxV = jax.vmap(lambda i, t: jax.random.gumbel(stream(i, t), (v,), jnp.float32))(
+      g_BxV = jax.vmap(lambda i, t: jax.random.gumbel(noise_key(key, i, t), (v,), jnp.float32))(
           sample_ids_B, pos_B)
+      noise.append(g_BxV)
       idx_B = argmax(logq_BxR + drafter.of_vocab(g_BxV))
+    else:
+      r = logq_BxR.shape[-1]
+      g_BxR = jax.vmap(lambda i, t: jax.random.gumbel(
+          verify.stream_key(key, i, t, verify.DRAFT_STREAM), (r,), jnp.float32))(sample_ids_B,
+                                                                                pos_B)
+      idx_B = argmax(logq_BxR + g_BxR)
     tok_B = drafter.token_ids(idx_B).astype(jnp.int32)
     drafts.append(tok_B)
     qs.append(drafter.on_vocab(jnp.exp(logq_BxR), 0.0))
     h = g
   committed = cache.replace(lengths_B=dcache.lengths_B + live_B.astype(jnp.int32))
-  return jnp.stack(drafts, axis=1), jnp.stack(qs, axis=1), committed
+  return (jnp.stack(drafts, axis=1), jnp.stack(qs, axis=1),
+          jnp.stack(noise, axis=1) if noise else None, committed)
 
 
 def tree_ancestors(parents_BxE, depth: int) -> jax.Array:

@@ -93,10 +93,10 @@ class EagleProposer:
   def chain(self, target, state: FollowState, s0_B, k: int, params, key, sample_ids_B, t0_B,
             rule: str, live_B):
     """A chain of `depth` drafts per row."""
-    drafts_BxK, q_BxKxV, cache = follow.draft_chain(
+    drafts_BxK, q_BxKxV, noise_BxKxV, cache = follow.draft_chain(
         self.module, target, state.cache, s0_B, state.feat_BxF, k, params, key, sample_ids_B,
         t0_B, rule, live_B)
-    return drafts_BxK, q_BxKxV, dataclasses.replace(state, cache=cache)
+    return drafts_BxK, q_BxKxV, noise_BxKxV, dataclasses.replace(state, cache=cache)
 
   def tree(self, target, state: FollowState, s0_B, *, depth: int, topk: int, nodes: int, params,
            key, sample_ids_B, t0_B, rule: str, live_B):

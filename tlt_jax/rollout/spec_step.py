@@ -59,7 +59,7 @@ def _chain_step(model, drafter: DraftModel | None, st: DecodeState, s0_B, lp0_B,
   if rule == "coupled" or params.greedy:
     n_acc_B, forced_B = verify.verify_chain_coupled(
         logp_BxKxV, jnp.where(valid_BxK, drafts_BxK, -1), key, st.sample_id_B, st.t_B,
-        params.greedy)
+        params.greedy, drafts.noise_BxKxV)
   else:
     q = verify.point_mass(drafts_BxK, logp_BxKxV.shape[-1]) if q_BxKxV is None else q_BxKxV
     n_acc_B, forced_B = verify.verify_chain_rejection(logp_BxKxV, drafts_BxK, q, key,

@@ -6,8 +6,9 @@ running mean over every row-step it ran. While that mean is uncertain the choose
 by an upper confidence bound: its most tokens per step before `MIN_DISPATCHES` dispatches, then
 the mean plus `Z` standard errors (from the spread of its dispatches' means, weighted by their
 row-steps). So an arm is tried while it might pay and dropped once it is known not to. Plain
-decoding scores 1 and is chosen when no arm's bound is above it. Unlike timing short dispatches, the step costs come from a table measured once, so the
-short speculative phase of a rollout is not spent measuring them.
+decoding scores 1 and is chosen when no arm's bound is above it. Unlike timing short
+dispatches, the step costs come from a table measured once, so the short speculative phase of a
+rollout is not spent measuring them.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ class ChainDrafts:
   valid_BxK: jax.Array       # a prefix of each row (an invalid draft ends its chain)
   q_BxKxV: jax.Array | None  # what each draft was drawn from; None: a point mass (deterministic)
   draft: Any = None          # the draft model's state after drafting, if one drafted
+  noise_BxKxV: jax.Array | None = None  # `coupled`: the target's noise at the drafts' positions,
+  #                                       if the proposer drew it (the verify reuses it)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -102,7 +102,8 @@ class DraftModel(Protocol):
 
   def chain(self, target, state, s0_B: jax.Array, k: int, params, key, sample_ids_B: jax.Array,
             t0_B: jax.Array, rule: str, live_B: jax.Array):
-    """Drafts `k` tokens after `s0`: (drafts `[B, k]`, q `[B, k, V]`, state)."""
+    """Drafts `k` tokens after `s0`: (drafts `[B, k]`, q `[B, k, V]`, the `coupled` noise it
+    drew at the drafts' positions `[B, k, V]` or None, state)."""
 
   def tree(self, target, state, s0_B: jax.Array, *, depth: int, topk: int, nodes: int, params,
            key, sample_ids_B: jax.Array, t0_B: jax.Array, rule: str, live_B: jax.Array):
@@ -127,9 +128,10 @@ class DraftChain(ChainProposer):
   def draft(self, target, drafter: DraftModel, st, s0_B, arm, params, key, rule: str,
             live_B) -> ChainDrafts:
     """The drafter's chain of `arm.depth` drafts per row."""
-    tokens_BxK, q_BxKxV, draft = drafter.chain(target, st.draft, s0_B, arm.depth, params, key,
-                                               st.sample_id_B, st.t_B, rule, live_B)
-    return ChainDrafts(tokens_BxK, jnp.ones(tokens_BxK.shape, bool), q_BxKxV, draft)
+    tokens_BxK, q_BxKxV, noise_BxKxV, draft = drafter.chain(
+        target, st.draft, s0_B, arm.depth, params, key, st.sample_id_B, st.t_B, rule, live_B)
+    return ChainDrafts(tokens_BxK, jnp.ones(tokens_BxK.shape, bool), q_BxKxV, draft,
+                       noise_BxKxV)
 
 
 class DraftTree(BaseProposer):

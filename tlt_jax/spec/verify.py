@@ -37,22 +37,28 @@ def _gumbel(key_, vocab):
   return jax.random.gumbel(key_, (vocab,), jnp.float32)
 
 
-def coupled_targets(logp_BxJxV, key, sample_ids_B, positions_BxJ, greedy: bool) -> jax.Array:
-  """The target's own sample at each position: argmax(logp + Gumbel noise of that position)."""
+def coupled_targets(logp_BxJxV, key, sample_ids_B, positions_BxJ, greedy: bool,
+                    noise_BxJxV=None) -> jax.Array:
+  """The target's own sample at each position: argmax(logp + Gumbel noise of that position);
+  `noise_BxJxV`: that noise, already drawn (by the drafter)."""
   if greedy:
     return argmax(logp_BxJxV)
+  if noise_BxJxV is not None:
+    return argmax(logp_BxJxV + noise_BxJxV)
   v = logp_BxJxV.shape[-1]
   g = jax.vmap(jax.vmap(lambda i, t: _gumbel(noise_key(key, i, t), v), in_axes=(None, 0)))(
       sample_ids_B, positions_BxJ)
   return argmax(logp_BxJxV + g)
 
 
-def verify_chain_coupled(logp_BxKxV, drafts_BxK, key, sample_ids_B, t0_B, greedy: bool):
+def verify_chain_coupled(logp_BxKxV, drafts_BxK, key, sample_ids_B, t0_B, greedy: bool,
+                         noise_BxKxV=None):
   """Number of leading drafts equal to the target's samples. `logp_BxKxV[:, j]` is p_{j+1}, the
-  distribution of draft j+1, which sits at response position `t0 + 1 + j`."""
+  distribution of draft j+1, which sits at response position `t0 + 1 + j` (`noise_BxKxV`: the
+  noise of those positions, if the drafter drew it)."""
   k = drafts_BxK.shape[1]
   pos_BxK = t0_B[:, None] + 1 + jnp.arange(k)[None, :]
-  target_BxK = coupled_targets(logp_BxKxV, key, sample_ids_B, pos_BxK, greedy)
+  target_BxK = coupled_targets(logp_BxKxV, key, sample_ids_B, pos_BxK, greedy, noise_BxKxV)
   match_BxK = drafts_BxK == target_BxK
   n_acc_B = jnp.sum(jnp.cumprod(match_BxK.astype(jnp.int32), axis=1), axis=1)
   return n_acc_B, jnp.full_like(n_acc_B, -1)
