@@ -1,13 +1,26 @@
-"""The generation CLI on the real SmolLM2 weights (slow)."""
+"""The generation CLI on the real SmolLM2 weights, and the drafter shipped for it (slow)."""
 
 import pytest
 
+from experiments.configs import drafter_smollm2
 from tests.test_launchers import last_json, run_module
+from tlt_jax.drafter.warmup import shipped_drafters
+from tlt_jax.workloads import drafter_key, drafter_recipe, workload_config
 
 
 @pytest.mark.slow
-def test_smollm2_knows_the_capital_of_france():
-  out = last_json(run_module("experiments.generate", "--model=smollm2", "--chat",
-                             "--prompt=What is the capital of France?", "--max_new_tokens=16",
-                             "--temperature=0", "--json"))
-  assert "Paris" in out["text"]
+def test_smollm2_knows_the_capital_of_france_with_and_without_its_shipped_drafter():
+  """Plain greedy decoding on the real weights; then served by the drafter shipped as `smollm2`,
+  by name: exactly the same tokens, with the speeds of both. That drafter is the one
+  `drafter_smollm2.py` makes (its key: SmolLM2's weights, the recipe, the prompts), so the
+  benchmarks load it instead of training one."""
+  args = ("experiments.generate", "--model=smollm2", "--chat", "--max_new_tokens=16",
+          "--prompt=What is the capital of France?", "--temperature=0", "--json")
+  plain = last_json(run_module(*args))
+  assert "Paris" in plain["text"]
+  sd = last_json(run_module(*args, "--drafter=smollm2", "--compare_plain"))
+  assert sd["token_ids"] == plain["token_ids"] and sd["accept_len"] > 1.0
+  assert sd["tokens_per_s"] > 0 and sd["plain_tokens_per_s"] > 0 and sd["speedup"] > 0
+  c = drafter_smollm2.get_config()
+  recipe = drafter_recipe(c.drafter, ("adaptive", "eval_prompts"))
+  assert shipped_drafters()["smollm2"]["key"] == drafter_key(workload_config(c), recipe, c.seed)

@@ -54,7 +54,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.train.eval_group_size = 2
   if "tlt" in chosen or "drafter" in chosen:
     c.spec = base.spec((("eagle", 3, 0), ("plain", 1, 0)), threshold=4 if small else 8)
-    c.drafter = base.smollm2_drafter(small)
+    c.drafter = base.smollm2_drafter(small, teacher_forced=True)
     c.drafter.model = CD(dict(ce_weight=0.5))  # the model's own head, whole
     if small:
       c.drafter.warmup.seq_len = 64
