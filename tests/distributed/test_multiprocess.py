@@ -66,11 +66,14 @@ def test_a_rollout_spread_over_processes_gives_the_tokens_of_one_process():
   assert two.returncode == 0, two.stdout[-3000:]
   a, b = _json_of(one.stdout), _json_of(two.stdout, "[p0] ")
   assert (a["processes"], b["processes"]) == (1, 2)
-  for name in ("greedy", "sampled"):
+  for name in ("greedy", "sampled", "replayed"):
     assert b[name]["local_rows"] == 6 and a[name]["local_rows"] == 12  # really split
     assert b[name]["tokens"] == a[name]["tokens"] and b[name]["lengths"] == a[name]["lengths"]
   assert a["greedy"]["tokens"] != a["sampled"]["tokens"]  # sampling really drew other tokens
   assert len(set(a["sampled"]["lengths"])) > 1
+  # Each process found its own rows' stored responses: they replayed, and gave the same tokens.
+  for out in (a, b):
+    assert out["replayed"]["same_as_first"] and out["replayed"]["replay_fraction"] > 0.2
 
 
 def test_processes_started_with_different_configs_stop_with_one_line():

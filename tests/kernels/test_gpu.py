@@ -1,7 +1,7 @@
 """On a GPU: the Pallas kernel executed through Triton (not interpreted, not only lowered) equals
-the XLA path, and speculative decoding through it is lossless there. Marked `gpu`: `make test`
-deselects them, `make test-gpu` runs them (`JAX_PLATFORMS=cuda`), and where jax sees no GPU they
-skip with the reason, so selecting them on CPU passes."""
+the XLA path, and speculative decoding and replay through it are lossless there. Marked `gpu`:
+`make test` deselects them, `make test-gpu` runs them (`JAX_PLATFORMS=cuda`), and where jax sees
+no GPU they skip with the reason, so selecting them on CPU passes."""
 
 import jax
 import jax.numpy as jnp
@@ -10,9 +10,11 @@ import pytest
 
 from tests.drafter.test_drafter import STOPS, _trained_drafter
 from tests.kernels.test_attention import _case, _generate
-from tests.spec.test_spec_engine import peaked_model
+from tests.spec.test_spec_engine import _prompts, peaked_model
 from tlt_jax.kernels.attention import Prefix, attention, to_cache_layout
 from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.noise import PromptNoise
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(jax.devices()[0].platform != "gpu",
@@ -62,3 +64,27 @@ def test_speculative_decoding_through_the_triton_kernel_is_lossless(temperature)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-3)
   assert eng.spec.accept_len() > 1.1  # drafts were verified through the kernel
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_replay_through_the_triton_kernel_gives_the_tokens_of_decoding_afresh(temperature):
+  """Prompt-addressed noise: the first halves of earlier responses, replayed 8 tokens per verify
+  through the kernel, give the tokens of decoding afresh through the kernel and the XLA path."""
+  target = peaked_model(scale=8.0)
+  params = SamplingParams(temperature=temperature, max_new_tokens=24, stop_tokens=STOPS)
+  prompts = _prompts(4, seed=5)
+  addresses = PromptNoise().addresses(prompts, 2)
+
+  def generate(impl, chunk, replay=None):
+    eng = RolloutEngine(target, EngineConfig(batch_buckets=(4, 8), max_batch=8,
+                                             steps_per_dispatch=3, precompile=False,
+                                             attention=impl), noise="prompt", replay_chunk=chunk)
+    return eng.generate(prompts, 2, params, jax.random.key(3), addresses=addresses,
+                        replay=replay)
+
+  fresh = generate("pallas", 0)
+  stored = [fresh.response(i)[: fresh.lengths[i] // 2] for i in range(len(fresh.lengths))]
+  replayed = generate("pallas", 8, stored)
+  np.testing.assert_array_equal(replayed.tokens, fresh.tokens)
+  np.testing.assert_array_equal(replayed.tokens, generate("xla", 0).tokens)
+  assert replayed.timeline.summary()["replay_fraction"] > 0.2

@@ -14,6 +14,7 @@ from tlt_jax.models import init_model
 from tlt_jax.models.precision import Precision, compute_copy
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.programs import Layout
 
 TOKENS = jnp.array([[3, 9, 14, 2, 40, 7, 11, 5]], jnp.int32)
 
@@ -61,7 +62,8 @@ def test_the_engine_holds_compute_dtype_weights_and_its_cache_dtype():
   cfg = EngineConfig(batch_buckets=(2,), max_batch=2, prefill_buckets=(16,), precompile=False)
   engine = RolloutEngine(b, cfg)
   assert dtypes(engine.weights.shard(0)[0]) == {"bfloat16", "float32"}  # matrices, vectors
-  cache = lambda e: e.programs._state_shape(2, 32, 8, False, 0).cache  # what every program carries
+  layout = Layout(cache_len=32, n=8, capture=False, ctx_len=0)
+  cache = lambda e: e.programs._state_shape(2, layout).cache  # what every program carries
   assert {x.dtype for x in cache(engine).k + cache(engine).v} == {jnp.dtype("bfloat16")}
   wide = RolloutEngine(b, EngineConfig(**{**cfg.__dict__, "cache_dtype": "float32"}))
   assert {x.dtype for x in cache(wide).k + cache(wide).v} == {jnp.dtype("float32")}

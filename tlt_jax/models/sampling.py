@@ -3,7 +3,9 @@
 Every sampled token in the project (plain decoding, speculative verification, the trainer's
 recomputation of log-probs) goes through `processed_logprobs`, so rollout log-probs and trainer
 log-probs are the same quantity. The noise for sample `i` at response position `t` is
-`fold_in(fold_in(key, i), t)`, so a token never depends on batch layout, bucket or strategy.
+`fold_in(fold_in(key, i), t)`, so a token never depends on batch layout, bucket or strategy. A
+sample may also be addressed by several words (`rollout/noise.py`: by its prompt), each folded
+in turn.
 Sampling is Gumbel-max over the processed log-probs, which makes the `coupled` verification rule
 reproduce plain sampling token for token.
 """
@@ -77,8 +79,12 @@ def argmax(x: jax.Array, axis: int = -1) -> jax.Array:
 
 
 def noise_key(key: jax.Array, sample_id, position) -> jax.Array:
-  """The key of sample `sample_id` at response position `position`."""
-  return jax.random.fold_in(jax.random.fold_in(key, sample_id), position)
+  """The key of sample `sample_id` (an id, or an address of one or more words) at response
+  position `position`."""
+  sample_id = jnp.asarray(sample_id)
+  for word in (sample_id[None] if sample_id.ndim == 0 else sample_id):
+    key = jax.random.fold_in(key, word)
+  return jax.random.fold_in(key, position)
 
 
 def gumbel_noise(key: jax.Array, sample_ids_B: jax.Array, positions_B: jax.Array, vocab: int

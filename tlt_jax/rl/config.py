@@ -5,7 +5,8 @@ Sections (experiments/configs/base.py has their defaults):
   name, out_dir, cache_dir, seed   the run's identity, directories and seed
   model     name (a registered workload) and, for `tiny`, its SFT `warm_start` recipe
   task      reward, the training pool's `difficulty` mix, and the workload's own settings
-  rollout   sampling (temperature, top_k, top_p, max_new_tokens) and the `engine` layout
+  rollout   sampling (temperature, top_k, top_p, max_new_tokens), the `engine` layout, the noise's
+            addressing (`noise`, `noise_refresh`) and the `history` of responses replayed
   spec      speculative decoding (empty: off)
   drafter   the warm-up EAGLE drafter's recipe and the `adaptive` drafter (empty: no drafter)
   rl        the `learner` by name, its settings in a section so named, and `optim`
@@ -30,10 +31,12 @@ from tlt_jax.rl.learners import LEARNERS, learner_from_section
 from tlt_jax.rl.trainer import LoopConfig
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.rollout.history import ReplayConfig
 from tlt_jax.spec.strategy import SpecConfig, spec_config_from_dict
 from tlt_jax.typed import check_keys, typed
 from tlt_jax.workloads import DrafterRecipe, WorkloadConfig, drafter_recipe, workload_config
 
+ROLLOUT_KEYS = ("engine", "noise", "noise_refresh", "history")  # beside the sampling settings
 SECTIONS = ("name", "out_dir", "cache_dir", "seed", "model", "task", "rollout", "spec", "drafter",
             "rl", "train", "distributed")
 
@@ -57,6 +60,7 @@ class RunConfig:
   num_prompts: int
   eval_prompts: int
   distributed: DistributedConfig = DistributedConfig()
+  replay: ReplayConfig = ReplayConfig()
 
   @property
   def out_dir(self) -> str:
@@ -76,6 +80,21 @@ def engine_config(section, cache_dir: str) -> EngineConfig:
   return EngineConfig.from_dict(engine)
 
 
+def replay_config(rollout, spec: SpecConfig | None) -> ReplayConfig:
+  """The rollout section's noise addressing and history, checked against the spec's rule."""
+  try:
+    replay = ReplayConfig.from_section(rollout)
+  except ConfigError:
+    raise
+  except ValueError as e:
+    raise ConfigError(f"config.rollout: {e}") from None
+  if replay.chunk and spec is not None and spec.rule == "rejection":
+    raise ConfigError("config.rollout.history.chunk: replay re-verifies stored responses under "
+                      "the 'coupled' rule only; set config.spec.rule = 'coupled' or "
+                      "history.chunk = 0.")
+  return replay
+
+
 def run_config(c: ml_collections.ConfigDict, other_keys=()) -> RunConfig:
   """`c` as typed settings; raises `ConfigError` naming the first bad key or value (the
   launchers print it as one line). `other_keys`: top-level sections a launcher reads itself
@@ -86,8 +105,9 @@ def run_config(c: ml_collections.ConfigDict, other_keys=()) -> RunConfig:
       raise ConfigError(f"config has no key {name!r}; did you mean config.{homes[0]}.{name}? "
                         "(run settings live in sections; see tlt_jax/rl/config.py)")
   check_keys(c, "", SECTIONS + tuple(other_keys))
-  wc = workload_config(c)
+  wc = workload_config(c, ROLLOUT_KEYS)
   spec = spec_config_from_dict(c.spec) if c.get("spec") else None
+  replay = replay_config(c.rollout, spec)
   drafter_section = check_keys(c.get("drafter"), "drafter",
                                ("model", "train", "warmup", "warmup_prompts", "adaptive"))
   uses_drafter = spec is not None and any(a.uses_drafter for a in spec.arms)
@@ -115,7 +135,8 @@ def run_config(c: ml_collections.ConfigDict, other_keys=()) -> RunConfig:
   optim = typed(OptimConfig, optim, "rl.optim")
   if not isinstance(num_prompts, int) or num_prompts < loop.prompts_per_step:
     raise ConfigError(f"config.train.num_prompts (the prompt pool) must be an integer >= "
-                      f"config.train.prompts_per_step={loop.prompts_per_step}, got {num_prompts!r}.")
+                      f"config.train.prompts_per_step={loop.prompts_per_step}, got "
+                      f"{num_prompts!r}.")
   if loop.eval_every and (not isinstance(eval_prompts, int) or eval_prompts < 1):
     raise ConfigError(f"config.train.eval_prompts must be >= 1 when eval_every > 0, got "
                       f"{eval_prompts!r}.")
@@ -123,4 +144,4 @@ def run_config(c: ml_collections.ConfigDict, other_keys=()) -> RunConfig:
                    engine=engine_config(c.rollout.get("engine"), c.get("cache_dir", "")),
                    spec=spec, drafter=recipe, adaptive=adaptive, learner=learner, optim=optim,
                    loop=loop, num_prompts=num_prompts, eval_prompts=eval_prompts,
-                   distributed=DistributedConfig.from_dict(c.get("distributed")))
+                   distributed=DistributedConfig.from_dict(c.get("distributed")), replay=replay)

@@ -1,5 +1,6 @@
 """A run's state in its checkpoints: what a checkpoint holds (parameters, optimizer state, the KL
-term's reference, the adaptive drafter), writing one, and resuming from the latest. Everything a
+term's reference, the adaptive drafter, the prompts' noise visits and stored responses), writing
+one, and resuming from the latest. Everything a
 step draws is addressed by the step, so a resumed run continues the trajectory of a run that was
 never stopped."""
 
@@ -7,24 +8,33 @@ from __future__ import annotations
 
 import os
 
+import jax
+import numpy as np
+
 from tlt_jax import distributed
 from tlt_jax.errors import TrainingError
 
 
-def _state(trainer) -> dict:
+def _state(trainer, memory=None) -> dict:
+  """What a checkpoint holds; `memory`: the prompt memory's arrays (or their shapes' zeros, to
+  restore into), when the run keeps one."""
   updater = trainer.updater
   state = {"params": updater.params, "opt": updater.opt_state}
   if updater.ref_params is not None:  # the KL term's reference survives a resume
     state["ref_params"] = updater.ref_params
   if trainer.adaptive is not None:  # the same on every process: saved once, over the mesh
     state["drafter"] = distributed.spanning(trainer.adaptive.state(), updater.mesh)
+  if memory is not None:  # the same on every process (filled from the gathered rollout)
+    state["memory"] = distributed.spanning(memory, updater.mesh)
   return state
 
 
 def save(trainer) -> None:
   """A checkpoint of `trainer` at its current step (every process writes its part)."""
-  trainer.ckpt.save(trainer.step, _state(trainer),
+  memory = trainer.memory.state() if trainer.memory is not None else None
+  trainer.ckpt.save(trainer.step, _state(trainer, memory),
                     {"step": trainer.step, "seed": trainer.seed,
+                     "memory_shapes": jax.tree.map(lambda x: list(x.shape), memory),
                      "update_count": trainer.updater.step_count,
                      "drafter_version": trainer.engine.weights.drafter_version,
                      "data_iterator": {"kind": "step-addressed", "next_step": trainer.step}})
@@ -41,7 +51,15 @@ def restore(trainer) -> bool:
     return False
   if trainer.ckpt.latest_step() is None:
     return False
-  state, meta, _ = trainer.ckpt.restore(_state(trainer))
+  shapes = trainer.ckpt.read_meta().get("memory_shapes") if trainer.memory is not None else None
+  if trainer.memory is not None and not shapes:
+    raise TrainingError(f"The checkpoint in {trainer.ckpt_dir} has no prompt memory but the "
+                        "config sets rollout.noise = 'prompt'; resume with the config it was "
+                        "written with, or use a new out_dir.")
+  memory = None if shapes is None else jax.tree.map(
+      lambda shape, like: np.zeros(shape, like.dtype), shapes, trainer.memory.state(),
+      is_leaf=lambda x: isinstance(x, list))
+  state, meta, _ = trainer.ckpt.restore(_state(trainer, memory))
   if int(meta.get("seed", trainer.seed)) != trainer.seed:
     raise TrainingError(f"The checkpoint in {trainer.ckpt_dir} was written with seed "
                         f"{meta['seed']} but the config says {trainer.seed}; use the same seed "
@@ -52,6 +70,8 @@ def restore(trainer) -> bool:
     updater.ref_params = state["ref_params"]
   updater.step_count = int(meta.get("update_count", meta["step"]))
   trainer.step = int(meta["step"])
+  if trainer.memory is not None:
+    trainer.memory.load_state(jax.tree.map(np.asarray, state["memory"]))
   trainer.sync_policy()
   if trainer.adaptive is not None:
     drafter = distributed.local_copy(state["drafter"], updater.mesh)

@@ -85,7 +85,7 @@ def build_trainer(rc: RunConfig, progress: bool = True, stages: Stages | None = 
                               cache_len, rc.workload.cache_dir or default_cache_dir())
   return Trainer(w, rc.loop, engine_cfg=rc.engine, learner=rc.learner, optim=rc.optim,
                  spec=rc.spec, drafter=stages.drafter, adaptive=rc.adaptive, costs=costs,
-                 eval_prompts=eval_prompts, eval_answers=eval_answers)
+                 eval_prompts=eval_prompts, eval_answers=eval_answers, replay=rc.replay)
 
 
 def summarize(name: str, out_dir: str, history: list[dict]) -> dict:

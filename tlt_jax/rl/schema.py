@@ -24,6 +24,7 @@ from tlt_jax.rl.learners import LEARNERS
 from tlt_jax.rl.trainer import LoopConfig
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.rollout.history import HistoryConfig
 from tlt_jax.spec.strategy import SpecConfig
 from tlt_jax.workloads import WORKLOADS, DrafterRecipe, WorkloadConfig
 
@@ -32,6 +33,7 @@ SECTIONS: dict[tuple[str, ...], type] = {
     ("model",): Precision,
     ("rollout",): WorkloadConfig,
     ("rollout", "engine"): EngineConfig,
+    ("rollout", "history"): HistoryConfig,
     ("spec",): SpecConfig,
     ("drafter",): DrafterRecipe,
     ("drafter", "model"): DrafterConfig,
@@ -51,6 +53,7 @@ SECTIONS: dict[tuple[str, ...], type] = {
 EXTRA = {
     ("model",): {"name": "str", "path": "str"},
     ("rl",): {"learner": "str"},
+    ("rollout",): {"noise": "str", "noise_refresh": "int"},
     ("train",): {"num_prompts": "int", "eval_prompts": "int"},
 }
 # Dataclass fields a section does not hold (the run's identity, or read from another section).

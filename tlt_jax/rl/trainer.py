@@ -48,11 +48,13 @@ from tlt_jax.rl.samples import Samples, select_groups
 from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater, rollout_update
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.history import PromptMemory, ReplayConfig
 from tlt_jax.rollout.programs import bucket_for
 from tlt_jax.rollout.spread import Spread, generate_spread, warm_up_spread
 from tlt_jax.spec.strategy import SpecConfig
 
 _UPDATE_ORDER = 1_000_033  # with (seed, step): the update's shuffle of a batch into mini-batches
+_PROMPT_NOISE = 1_000_037  # the run's key under prompt-addressed noise (the same every step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,13 +140,14 @@ class Trainer:
   `prompt_pool` with `answers`); `eval_prompts` (with answers) are scored every
   `loop.eval_every` steps, at step 0 and at the end (`eval/accuracy`, the response lengths'
   percentiles and the fraction of groups with mixed rewards: the task's properties for this
-  policy). `costs`: the cost table of `spec.chooser = "cost"`."""
+  policy). `costs`: the cost table of `spec.chooser = "cost"`; `replay`: how the rollout's
+  noise is addressed and whether earlier responses are stored and replayed."""
 
   def __init__(self, workload, loop: LoopConfig, *, engine_cfg: EngineConfig, learner: Learner,
                optim: OptimConfig, spec: SpecConfig | None = None, drafter=None, adaptive=None,
                prompt_pool: list | None = None, answers: list | None = None,
                eval_prompts: list | None = None, eval_answers: list | None = None,
-               costs=None):
+               costs=None, replay: ReplayConfig = ReplayConfig()):
     self.w, self.loop, self.out_dir, self.steps = workload, loop, loop.out_dir, loop.steps
     prompts_per_step, group_size = loop.prompts_per_step, loop.group_size
     self.prompts_per_step, self.group_size, self.seed = prompts_per_step, group_size, loop.seed
@@ -160,9 +163,11 @@ class Trainer:
       engine_cfg = dataclasses.replace(engine_cfg, max_prompt_len=longest)
     try:
       self.engine = RolloutEngine(workload.model, engine_cfg, pad_id=workload.tokenizer.pad_id,
-                                  spec=spec, drafter=as_proposer(drafter), costs=costs)
+                                  spec=spec, drafter=as_proposer(drafter), costs=costs,
+                                  noise=replay.noise, replay_chunk=replay.chunk)
     except ValueError as e:
       raise ConfigError(f"config.rollout.engine: {e}") from None
+    self.memory = PromptMemory(replay) if replay.noise == "prompt" else None
     self.adaptive = None
     if adaptive is not None:
       if drafter is None:
@@ -255,6 +260,7 @@ class Trainer:
         **{f"rollout/{k}": v for k, v in group_stats(correct, first.lengths_R,
                                                      first.rewards_PxG()).items()},
         "rollout/tokens_per_s": summary["tokens_per_s"],
+        "rollout/replay_fraction": summary["replay_fraction"],
         "spec/accept_len": summary.get("spec", {}).get("accept_len", 0.0),
         "spec/sd_on_fraction": summary["sd_on_fraction"],
         "drafter/version": self.engine.weights.drafter_version,
@@ -270,6 +276,8 @@ class Trainer:
     }
     out["time/rollout_share"] = round(out["rollout_s"] / out["step_s"], 4)
     record = rollout_record(self.step, res)
+    if self.memory is not None:
+      self.memory.end_step()
     self.step += 1
     return out, record
 
@@ -281,12 +289,17 @@ class Trainer:
     if round_:
       key = jax.random.fold_in(key, round_)
     prompts, g = [self.pool_prompts[i] for i in idx], self.group_size
+    if self.memory is not None:  # the address carries the step's randomness
+      key, request = self.key(_PROMPT_NOISE), self.memory.request(prompts, g)
+      kw.update(request)
     spread = self.generate(prompts, g, key, capture_hidden=self.adaptive is not None, **kw)
     res = spread.whole
     answers = [self.pool_answers[i] for i in idx]
     rewards = np.array([self.w.reward_fn(res.response(i), answers[i // g])
                         for i in range(len(res.lengths))], np.float32)
     responses = [res.response(i) for i in range(len(rewards))]
+    if self.memory is not None:
+      self.memory.record(request["addresses"], responses)
     return Samples(prompts, answers, g, responses, np.asarray(res.logprobs), np.asarray(
         res.lengths), rewards, np.ones(len(rewards), bool)), spread
 
@@ -330,18 +343,6 @@ class Trainer:
       self._collective_bytes += sum(x.nbytes for x in jax.tree.leaves(self.policy))
     self.engine.weights.set_policy(self.policy)
 
-  def _checked_step(self) -> tuple[dict, dict]:
-    """`train_step`, with a non-finite loss turned into a `TrainingError` that says what the
-    checkpoints still hold."""
-    try:
-      return self.train_step()
-    except FloatingPointError as e:
-      last = self.ckpt.latest_step() if self.ckpt is not None else None
-      where = (f"the last good checkpoint is step {last} in {self.ckpt_dir}" if last
-               is not None else "no checkpoint was written yet")
-      raise TrainingError(f"Stopped at step {self.step}: {e} Nothing was saved after the "
-                          f"fault; {where}.") from e
-
   def run(self, progress: bool = True) -> list[dict]:
     """Warms up, then trains to `steps` (resuming if the run directory has a checkpoint);
     returns this call's step records. Each record's `compile_events` counts every XLA program
@@ -363,7 +364,7 @@ class Trainer:
       for _ in bar:
         built = compiles.Since()
         before = {k: v for h in hooks for k, v in h.before_step(self).items()}
-        m, record = self._checked_step()
+        m, record = _checked_step(self)
         m.update(before)
         for h in hooks:
           m.update(h.after_step(self))
@@ -381,3 +382,16 @@ class Trainer:
         h.close(self)
       writer.close()
     return history
+
+
+def _checked_step(trainer: Trainer) -> tuple[dict, dict]:
+  """`trainer.train_step()`, with a non-finite loss turned into a `TrainingError` that says what
+  the checkpoints still hold."""
+  try:
+    return trainer.train_step()
+  except FloatingPointError as e:
+    last = trainer.ckpt.latest_step() if trainer.ckpt is not None else None
+    where = (f"the last good checkpoint is step {last} in {trainer.ckpt_dir}" if last
+             is not None else "no checkpoint was written yet")
+    raise TrainingError(f"Stopped at step {trainer.step}: {e} Nothing was saved after the "
+                        f"fault; {where}.") from e

@@ -1,8 +1,9 @@
 """`RolloutEngine`: batched sampling whose batch shrinks into smaller buckets as rows finish.
 
 Rows are `(prompt, sample)` pairs with sample id `i = prompt_index * G + g`; the noise of row `i`
-at response position `t` is addressed (see `models/sampling.py`), so a row's tokens do not depend on
-which bucket, shard or dispatch produced them.
+at response position `t` is addressed (see `models/sampling.py`), by its sample id or by the
+address the caller gives it (`rollout/noise.py`), so a row's tokens do not depend on which bucket,
+shard or dispatch produced them.
 
 Each data-parallel shard is a sub-mesh of `tp` devices (`rollout/shards.py`) holding its own
 copy of the weights (`rollout/weights.py`; with `tp` > 1 its heads and MLP split over the shard's
@@ -30,6 +31,7 @@ from tlt_jax.models.sharding import check_tp
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.captured import CapturedHidden
 from tlt_jax.rollout.plain import pad_prompts
+from tlt_jax.rollout.noise import NOISE_MODES, PROMPT_WORDS, step_addresses
 from tlt_jax.rollout.pool import configure_compilation_cache
 from tlt_jax.rollout.port import DrafterPort
 from tlt_jax.rollout.programs import Layout, Programs, bucket_for, distinct_prompts
@@ -42,6 +44,11 @@ from tlt_jax.spec.costs import CostTable
 from tlt_jax.spec.proposer import DraftModel, get_proposer
 from tlt_jax.spec.strategy import SpecConfig
 from tlt_jax.typed import typed
+
+
+# A dispatch replays (`rollout/replay.py`) while at least this share of its live rows still do;
+# the other rows emit one token per replay step.
+REPLAY_SHARE = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +137,8 @@ class _Call:
 
   prompts: list[list[int]]
   rows: list[tuple[int, int]]      # (sample id, prompt index) of each row
+  addresses: np.ndarray            # [R, W] each row's noise address
+  replay: list                     # each row's stored response to replay (None: none)
   waves: list[list[np.ndarray]]    # each shard's waves of rows, not yet started
   params: SamplingParams
   p_bucket: int                    # the prompt bucket of every prefill
@@ -145,13 +154,11 @@ class RolloutEngine:
 
   def __init__(self, model, config: EngineConfig, *, pad_id: int = 0, devices=None,
                spec: SpecConfig | None = None, drafter: DraftModel | None = None,
-               costs: CostTable | None = None):
-    if spec is not None and any(a.uses_drafter for a in spec.arms) and drafter is None:
-      raise ValueError("SpecConfig has 'eagle' or 'tree' arms but no drafter was given to the "
-                       "engine.")
-    if spec is not None and config.cache_slack < spec.max_written + 1:
-      config = dataclasses.replace(config, cache_slack=spec.max_written + 1)
-    self.cfg = config
+               costs: CostTable | None = None, noise: str = "step", replay_chunk: int = 0):
+    self.cfg = config = _checked(config, spec, drafter, noise, replay_chunk)
+    self.replay_chunk = replay_chunk
+    self.noise = noise  # "prompt": `generate` takes each row's address (`rollout/noise.py`)
+    self.words = PROMPT_WORDS if noise == "prompt" else 1
     self.spec = (SpecController(spec, config.batch_buckets, costs) if spec is not None
                  else None)
     names = dict.fromkeys(a.proposer for a in spec.arms if not a.is_plain) if spec else {}
@@ -172,7 +179,7 @@ class RolloutEngine:
     self.programs = Programs(model, config, self.weights, self.meshes, pad_id=pad_id,
                              drafter=drafter, context_proposers=self.context_proposers,
                              attention=self.attention, cache_dtype=self.cache_dtype,
-                             spec_config=spec)
+                             spec_config=spec, words=self.words, replay_chunk=replay_chunk)
     self.pool = self.programs.pool
 
   # ------------------------------------------------------------------ generate
@@ -184,47 +191,34 @@ class RolloutEngine:
                        tuple(b for b in self.cfg.batch_buckets if b <= top),
                        self.programs.graphdef, self.programs.dgraphdef, self.weights)
 
-  def validate(self, prompts, group_size: int, params: SamplingParams) -> int:
-    """Checks the request before any work; returns its prompt bucket."""
-    if group_size < 1:
-      raise ValueError(f"group_size (G) must be >= 1, got {group_size}.")
-    if not prompts:
-      raise ValueError("No prompts given.")
-    longest = max(len(p) for p in prompts)
-    if min(len(p) for p in prompts) < 1:
-      raise ValueError("Every prompt needs at least one token (e.g. BOS).")
-    if longest > self.cfg.prefill_buckets[-1]:
-      raise ValueError(f"A prompt of {longest} tokens exceeds the largest prefill bucket "
-                       f"{self.cfg.prefill_buckets[-1]}; add a larger prefill bucket.")
-    if self.cfg.max_prompt_len and longest > self.cfg.max_prompt_len:
-      raise ValueError(f"A prompt of {longest} tokens exceeds the engine's max_prompt_len "
-                       f"{self.cfg.max_prompt_len}; raise engine.max_prompt_len (it sizes the "
-                       "cache of every executable).")
-    self.programs.layout(params.max_new_tokens, False, longest)
-    return bucket_for(longest, self.cfg.prefill_buckets)
-
   def generate(self, prompts: list[list[int]], group_size: int, params: SamplingParams,
                key: jax.Array, *, capture_hidden: bool = False,
                corpus: dict[int, list[int]] | None = None, first_sample: int = 0,
+               addresses: np.ndarray | None = None, replay: list | None = None,
                on_shard_idle=None) -> RolloutResult:
     """Samples `group_size` responses for every prompt; rows are ordered by sample id.
 
     Row `i * group_size + g` has sample id `first_sample + i * group_size + g`: a process
     generating its share of a larger request (`tlt_jax.distributed.share`) passes the sample id
     of its first row, and samples what one process generating the whole request would.
+    `addresses` (`[rows, W]` int32, W the engine's address words) address each row's noise
+    instead (`rollout/noise.py`); without them a row's address is its sample id. `replay` gives
+    each row's stored response (None: none) for the replay arm (`rollout/replay.py`, on when the
+    engine has a `replay_chunk`); it never changes what is sampled.
 
     `corpus` maps a prompt index to earlier text for that prompt (e.g. its responses in earlier RL
     steps) that the suffix proposer may draft from; it never changes what is sampled.
     `on_shard_idle(shard, device)` is called when a shard has no row left while others may still
     decode: the window where the drafter's spot trainer may use that device.
     """
-    p_bucket = self.validate(prompts, group_size, params)
+    p_bucket = _validate(self.cfg, self.programs, prompts, group_size, params)
     n = params.max_new_tokens
     layout = self.programs.layout(n, capture_hidden, max(len(p) for p in prompts))
     rows = [(first_sample + i * group_size + g, i) for i in range(len(prompts))
             for g in range(group_size)]
-    call = _Call(prompts, rows, split_waves(self.cfg, len(rows)), params, p_bucket,
-                 layout, corpus or {},
+    addresses, replay = self._row_inputs(len(rows), first_sample, addresses, replay)
+    call = _Call(prompts, rows, addresses, replay, split_waves(self.cfg, len(rows)), params,
+                 p_bucket, layout, corpus or {},
                  [jax.device_put(key, self.weights.sharding(s)) for s in range(len(self.meshes))],
                  Results(len(rows), n, self.model_cfg.d_model, self.pad_id, capture_hidden,
                          self.model_cfg.dtype),
@@ -259,6 +253,17 @@ class RolloutEngine:
     return RolloutResult(out.tokens_RxN, out.logprobs_RxN, out.lengths_R, reasons, out.hidden,
                          timeline)
 
+  def _row_inputs(self, r: int, first_sample: int, addresses, replay) -> tuple[np.ndarray, list]:
+    """`generate`'s per-row inputs checked: each of the `r` rows' address and stored response."""
+    if addresses is None:
+      addresses = step_addresses(r, first_sample, self.words)
+    if np.shape(addresses) != (r, self.words) or (replay is not None and len(replay) != r):
+      raise ValueError(f"addresses must be [rows, words] = {(r, self.words)} for this engine "
+                       f"(noise={self.noise!r}) and replay one entry per row, got "
+                       f"{np.shape(addresses)} and {None if replay is None else len(replay)}.")
+    replay = replay if self.replay_chunk and replay is not None else [None] * r
+    return np.asarray(addresses, np.int32), replay
+
   def _start_wave(self, call: _Call, s: int) -> ShardRun:
     """Prefills shard `s`'s next wave (the G samples of a prompt share one prompt forward)."""
     wave = call.waves[s].pop(0)
@@ -271,42 +276,52 @@ class RolloutEngine:
     pad, upad = b - len(wave), u - len(prefill_idx)
     prompts_np = np.pad(prompts_np, ((0, upad), (0, 0)), constant_values=self.pad_id)
     lens_np = np.pad(lens_np, (0, upad), constant_values=1)
-    ids_np = np.pad(np.array([call.rows[r][0] for r in wave], np.int32), (0, pad))
+    ids_np = np.pad(call.addresses[wave], ((0, pad), (0, 0)))
+    replay_np, replay_len = _stored(call, wave, b, call.layout)
     active = np.arange(b) < len(wave)
     t0 = time.perf_counter()
     exe = self.programs.get(self.programs.prefill(s, b, u, call.p_bucket, call.layout))
     put = self.weights.sharding(s)
     st = exe(self.weights.shard(s), *[jax.device_put(x, put) for x in (
-        prompts_np, lens_np, src_np, ids_np, active, context_np, context_len)])
+        prompts_np, lens_np, src_np, ids_np, active, context_np, context_len, replay_np,
+        replay_len)])
     call.timeline.record(s, "prefill", t0, time.perf_counter(), b, len(wave))
     slot_rows = np.concatenate([wave, np.full(pad, -1)])  # row of each slot (-1: padding)
-    return ShardRun(st, b, slot_rows, len(wave), np.zeros(b, np.int64), np.zeros(b, np.int64))
+    return ShardRun(st, b, slot_rows, len(wave), np.zeros(b, np.int64), np.zeros(b, np.int64),
+                    replaying=int(np.sum(replay_len > 0)), replayed=np.zeros(b, np.int64))
 
   def _dispatch(self, call: _Call, s: int, run: ShardRun) -> None:
-    """Launches shard `s`'s next `steps_per_dispatch` steps, plain or with the arm the controller
-    picks for its batch; returns without waiting for them."""
-    arm = self.spec.choose(run.b, run.live) if self.spec is not None else None
-    if arm is None or self.spec.is_plain(arm):
-      key_build = self.programs.decode(s, run.b, call.layout, call.params)
+    """Launches shard `s`'s next `steps_per_dispatch` steps: replay while enough of its rows
+    still replay, else plain or the arm the controller picks for its batch; returns without
+    waiting for them."""
+    arm = None
+    if run.replaying and run.replaying >= REPLAY_SHARE * run.live:
+      key_build, run.kind = self.programs.replay(s, run.b, call.layout, call.params), "replay"
     else:
-      key_build = self.programs.speculative(s, run.b, call.layout, call.params,
-                                            self.spec.config.arms[arm], self.spec.config.rule)
+      arm = self.spec.choose(run.b, run.live) if self.spec is not None else None
+      if arm is None or self.spec.is_plain(arm):
+        key_build, run.kind = self.programs.decode(s, run.b, call.layout, call.params), "decode"
+      else:
+        strategy = self.spec.config.arms[arm]
+        key_build = self.programs.speculative(s, run.b, call.layout, call.params, strategy,
+                                              self.spec.config.rule)
+        run.kind = f"spec:{strategy.name}"
     run.arm, run.t0 = arm, time.perf_counter()
     run.state = self.programs.get(key_build)(self.weights.shard(s), run.state, call.keys[s])
 
   def _settle(self, call: _Call, s: int, run: ShardRun) -> ShardRun | None:
     """After shard `s`'s dispatch: records it, harvests finished rows and compacts the batch into
     a smaller bucket; when no row is left, starts the shard's next wave (None: no wave left)."""
-    done, t_now, ss_now = (np.asarray(x) for x in jax.device_get(
-        (run.state.done_B, run.state.t_B, run.state.spec.steps_B)))
+    done, t_now, ss_now, on_now, rp_now = (np.asarray(x) for x in jax.device_get(
+        (run.state.done_B, run.state.t_B, run.state.spec.steps_B, run.state.replay.on_B,
+         run.state.replay.emitted_B)))
     wall = time.perf_counter() - run.t0
     live_slots = np.flatnonzero(~done & (run.slots >= 0))
     emitted = int(np.sum(t_now - run.t))
-    plain = run.arm is None or self.spec.is_plain(run.arm)
-    kind = "decode" if plain else f"spec:{self.spec.config.arms[run.arm].name}"
-    call.timeline.record(s, kind, run.t0, time.perf_counter(), run.b, run.live,
+    call.timeline.record(s, run.kind, run.t0, time.perf_counter(), run.b, run.live,
                          steps=self.cfg.steps_per_dispatch, live_after=len(live_slots),
-                         tokens=emitted)
+                         tokens=emitted, replayed=int(np.sum(rp_now - run.replayed)))
+    run.replaying, run.replayed = int(np.sum(on_now[live_slots])), rp_now
     if run.arm is not None:
       self.spec.record(run.b, run.arm, emitted, int(np.sum(ss_now - run.ss)), wall, run.live)
     run.t, run.ss = t_now, ss_now
@@ -333,7 +348,7 @@ class RolloutEngine:
       slots = run.slots[idx]
       slots[len(live_slots):] = -1  # padding slots: already harvested, never harvested again
       run.slots, run.b = slots, new_b
-      run.t, run.ss = run.t[idx], run.ss[idx]
+      run.t, run.ss, run.replayed = run.t[idx], run.ss[idx], run.replayed[idx]
       call.timeline.record(s, "compact", t0, time.perf_counter(), new_b, len(live_slots))
     run.live = len(live_slots)
     return run
@@ -379,6 +394,61 @@ class RolloutEngine:
     self.pool.wait(progress=progress, desc="warm-up: rollout")
     return {"programs": len(keys), "built": built.events,
             "seconds": round(time.perf_counter() - start, 3)}
+
+
+def _validate(cfg: EngineConfig, programs: Programs, prompts, group_size: int,
+              params: SamplingParams) -> int:
+  """Checks a `generate` request before any work; returns its prompt bucket."""
+  if group_size < 1:
+    raise ValueError(f"group_size (G) must be >= 1, got {group_size}.")
+  if not prompts:
+    raise ValueError("No prompts given.")
+  longest = max(len(p) for p in prompts)
+  if min(len(p) for p in prompts) < 1:
+    raise ValueError("Every prompt needs at least one token (e.g. BOS).")
+  if longest > cfg.prefill_buckets[-1]:
+    raise ValueError(f"A prompt of {longest} tokens exceeds the largest prefill bucket "
+                     f"{cfg.prefill_buckets[-1]}; add a larger prefill bucket.")
+  if cfg.max_prompt_len and longest > cfg.max_prompt_len:
+    raise ValueError(f"A prompt of {longest} tokens exceeds the engine's max_prompt_len "
+                     f"{cfg.max_prompt_len}; raise engine.max_prompt_len (it sizes the "
+                     "cache of every executable).")
+  programs.layout(params.max_new_tokens, False, longest)
+  return bucket_for(longest, cfg.prefill_buckets)
+
+
+def _checked(config: EngineConfig, spec: SpecConfig | None, drafter, noise: str,
+             replay_chunk: int) -> EngineConfig:
+  """The engine's options checked together; the layout with cache slack for the drafts of every
+  arm and for a replay chunk."""
+  if noise not in NOISE_MODES:
+    raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}.")
+  if replay_chunk < 0:
+    raise ValueError(f"replay_chunk must be >= 0 (0: off), got {replay_chunk}.")
+  if replay_chunk and spec is not None and spec.rule == "rejection":
+    raise ValueError("Replay re-verifies stored responses under the 'coupled' rule only; set "
+                     "spec.rule = 'coupled' or history.chunk = 0.")
+  if spec is not None and any(a.uses_drafter for a in spec.arms) and drafter is None:
+    raise ValueError("SpecConfig has 'eagle' or 'tree' arms but no drafter was given to the "
+                     "engine.")
+  slack = max(spec.max_written + 1 if spec is not None else 0,
+              replay_chunk + 1 if replay_chunk else 0)
+  if config.cache_slack < slack:
+    config = dataclasses.replace(config, cache_slack=slack)
+  return config
+
+
+def _stored(call: _Call, wave, b: int, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
+  """Each slot's stored response to replay (`[b, n]`, `[b, 0]` when replay is off) and its
+  length (0: none)."""
+  tokens_np = np.zeros((b, layout.n if layout.replay else 0), np.int32)
+  len_np = np.zeros(b, np.int32)
+  for slot, r in enumerate(wave):
+    stored = call.replay[r]
+    if layout.replay and stored is not None and len(stored):
+      m = min(len(stored), layout.n)
+      tokens_np[slot, :m], len_np[slot] = stored[:m], m
+  return tokens_np, len_np
 
 
 def _contexts(call: _Call, wave, b: int, corpus_len: int) -> tuple[np.ndarray, np.ndarray]:

@@ -24,8 +24,9 @@ from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.sharding import TP
 from tlt_jax.rollout.pool import ExecutablePool
+from tlt_jax.rollout.replay import ReplayState
 from tlt_jax.rollout.shards import placed_shapes
-from tlt_jax.rollout.spec_step import spec_step
+from tlt_jax.rollout.spec_step import replay_step, spec_step
 from tlt_jax.rollout.state import DecodeState, empty_state, needs_layers, plain_step
 from tlt_jax.spec.proposer import DraftModel
 
@@ -36,12 +37,16 @@ TRACED_PACKAGES = ("models", "kernels", "spec", "rollout", "drafter")
 
 class Layout(NamedTuple):
   """What every program of a call shares: the KV cache's slots, the new tokens per row, whether
-  hidden states are captured, and the width of the rows' context for proposers that read it."""
+  hidden states are captured, the width of the rows' context for proposers that read it, the
+  words of a row's noise address (`rollout/noise.py`) and whether rows carry a stored response
+  to replay (`rollout/replay.py`)."""
 
   cache_len: int
   n: int
   capture: bool
   ctx_len: int
+  words: int = 1
+  replay: bool = False
 
 
 def traced_source_digest(root: pathlib.Path | None = None) -> str:
@@ -80,8 +85,10 @@ class Programs:
   on its shards' meshes, fed the weights of its `WeightStore`, kept in one `ExecutablePool`."""
 
   def __init__(self, model, cfg, weights, meshes, *, pad_id: int, drafter: DraftModel | None,
-               context_proposers: tuple, attention: str, cache_dtype: str, spec_config=None):
+               context_proposers: tuple, attention: str, cache_dtype: str, spec_config=None,
+               words: int = 1, replay_chunk: int = 0):
     self.cfg, self.weights, self.meshes, self.pad_id = cfg, weights, meshes, pad_id
+    self.words, self.replay_chunk = words, replay_chunk
     self.model_cfg, self.drafter, self.context_proposers = model.cfg, drafter, context_proposers
     self.attention, self.cache_dtype = attention, cache_dtype
     self.graphdef = nnx.split(model)[0]
@@ -107,7 +114,8 @@ class Programs:
     # The rows' context (corpus, prompt), then the response, then the next token a proposer
     # drafts after; nothing when no proposer reads it.
     context_len = self.cfg.corpus_len + p + n + 1 if self.context_proposers else 0
-    return Layout(max(cache_len, need), n, capture_hidden or self.lazy_follow, context_len)
+    return Layout(max(cache_len, need), n, capture_hidden or self.lazy_follow, context_len,
+                  self.words, self.replay_chunk > 0)
 
   def _fingerprint(self, spec) -> str:
     """What, besides the pool key, determines a compiled program: the source it traces, the
@@ -148,25 +156,24 @@ class Programs:
       return state
     return jax.lax.with_sharding_constraint(state, self._state_shardings(state, shard))
 
-  def _empty_state(self, b: int, cache_len: int, n: int, capture: bool, ctx_len: int,
-                   drafter: DraftModel | None):
-    return empty_state(self.model_cfg, b, cache_len, n, capture, ctx_len, self.pad_id, drafter,
-                       self.context_proposers, self.attention, self.cache_dtype)
+  def _empty_state(self, b: int, layout: Layout, drafter: DraftModel | None):
+    return empty_state(self.model_cfg, b, layout, self.pad_id, drafter, self.context_proposers,
+                       self.attention, self.cache_dtype)
 
-  def _state_shape(self, b: int, cache_len: int, n: int, capture: bool, ctx_len: int):
-    return jax.eval_shape(
-        lambda: self._empty_state(b, cache_len, n, capture, ctx_len, self.drafter))
+  def _state_shape(self, b: int, layout: Layout):
+    return jax.eval_shape(lambda: self._empty_state(b, layout, self.drafter))
 
   def prefill(self, shard: int, b: int, u: int, p: int, layout: Layout):
     """Prefill of `b` rows whose prompts are `u` distinct ones (`u` < `b`: the G samples of a
     prompt share one forward, and its cache rows are copied to them; `u` == `b`: one row each)."""
-    cache_len, n, capture, ctx_len = layout
+    cache_len, ctx_len = layout.cache_len, layout.ctx_len
     key = ("prefill", shard, b, u, p, *layout)
     cfg = self.model_cfg
 
-    def fn(weights, prompts_UxP, lens_U, src_B, ids_B, active_B, context_BxH, context_len_B):
+    def fn(weights, prompts_UxP, lens_U, src_B, ids_BxW, active_B, context_BxH, context_len_B,
+           replay_BxN, replay_len_B):
       model, drafter = self._merge(weights)
-      st = self._empty_state(b, cache_len, n, capture, ctx_len, drafter)
+      st = self._empty_state(b, layout, drafter)
       shared = u < b
       rows_of = (lambda x: x[src_B]) if shared else (lambda x: x)
       cache = (kvc.init_cache(cfg, u, cache_len, self.cache_dtype, self.attention) if shared
@@ -175,12 +182,13 @@ class Programs:
       cache = jax.tree.map(rows_of, kvc.commit(out.cache, lens_U))
       urows, last_U = jnp.arange(u), lens_U - 1
       st = dataclasses.replace(
-          st, cache=cache, logits_BxV=rows_of(out.logits_BxTxV[urows, last_U]), sample_id_B=ids_B,
+          st, cache=cache, logits_BxV=rows_of(out.logits_BxTxV[urows, last_U]), address_BxW=ids_BxW,
           done_B=~active_B,
           captured=dataclasses.replace(st.captured, prompt_hidden_BxD=rows_of(
               out.hidden_BxTxD[urows, last_U]).astype(st.captured.prompt_hidden_BxD.dtype)),
           proposers={p.name: p.start(context_BxH, context_len_B)
-                     for p in self.context_proposers})
+                     for p in self.context_proposers},
+          replay=ReplayState.start(replay_BxN, replay_len_B))
       if drafter is not None:
         draft = drafter.init_state(cfg, u, cache_len, self.attention) if shared else st.draft
         draft = drafter.prefill(model, draft, prompts_UxP, out, lens_U)  # it reads it too
@@ -189,14 +197,14 @@ class Programs:
 
     def build():
       i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
-      args = (i32(u, p), i32(u), i32(b), i32(b), jax.ShapeDtypeStruct((b,), bool),
-              i32(b, ctx_len), i32(b))
+      args = (i32(u, p), i32(u), i32(b), i32(b, layout.words), jax.ShapeDtypeStruct((b,), bool),
+              i32(b, ctx_len), i32(b), i32(b, layout.n if layout.replay else 0), i32(b))
       return fn, (self.weights.abstract(shard), *(self._abstract(a, shard) for a in args)), ()
     return key, build
 
   def _loop(self, shard: int, b: int, layout: Layout, params: SamplingParams, step_fn, name):
     """A dispatch: up to `steps_per_dispatch` applications of `step_fn` (stops when all done)."""
-    cache_len, n, capture, ctx_len = layout
+    n = layout.n
     key = (name, shard, b, *layout, params)
     k_steps, pad_id = self.cfg.steps_per_dispatch, self.pad_id
     stop_ids = jnp.array(params.stop_tokens or (-1,), jnp.int32)
@@ -210,7 +218,7 @@ class Programs:
 
     def build():
       args = (self.weights.abstract(shard),
-              self._abstract_state(self._state_shape(b, cache_len, n, capture, ctx_len), shard),
+              self._abstract_state(self._state_shape(b, layout), shard),
               self._abstract(jax.eval_shape(lambda: jax.random.key(0)), shard))
       return fn, args, (1,)
     return key, build
@@ -226,17 +234,20 @@ class Programs:
     step = functools.partial(spec_step, strategy=strategy, rule=rule)
     return self._loop(shard, b, layout, params, step, ("spec", strategy, rule))
 
+  def replay(self, shard: int, b: int, layout: Layout, params: SamplingParams):
+    """Replay steps (a dispatch) of `b` rows: `replay_chunk` stored tokens verified per step."""
+    step = functools.partial(replay_step, chunk=self.replay_chunk, follow=not self.lazy_follow)
+    return self._loop(shard, b, layout, params, step, ("replay", self.replay_chunk))
+
   def compact(self, shard: int, b_old: int, b_new: int, layout: Layout):
     """The gather of a decode state's rows into a smaller batch bucket."""
-    cache_len, n, capture, ctx_len = layout
     key = ("compact", shard, b_old, b_new, *layout)
 
     def fn(state, idx_B):
       return self._placed(jax.tree.map(lambda x: x[idx_B], state), shard)
 
     def build():
-      args = (self._abstract_state(self._state_shape(b_old, cache_len, n, capture, ctx_len),
-                                   shard),
+      args = (self._abstract_state(self._state_shape(b_old, layout), shard),
               self._abstract(jax.ShapeDtypeStruct((b_new,), jnp.int32), shard))
       return fn, args, ()  # shapes shrink: no reuse
     return key, build
@@ -270,8 +281,8 @@ class Programs:
   def reachable(self, s: int, wave_prompts, p_buckets, layout: Layout, params: SamplingParams,
                 spec) -> list:
     """(key, build) of every executable shard `s` can run for waves whose rows have these prompt
-    indices, with prompts in `p_buckets`: prefills, plain decoding and compaction at every bucket
-    up to its widest wave, and speculative arms where they may run."""
+    indices, with prompts in `p_buckets`: prefills, plain decoding, replay (when on) and
+    compaction at every bucket up to its widest wave, and speculative arms where they may run."""
     out, top = [], 0
     for prompt_idx in wave_prompts:
       b = bucket_for(len(prompt_idx), self.cfg.batch_buckets)
@@ -281,6 +292,8 @@ class Programs:
     reachable = [b for b in self.cfg.batch_buckets if b <= top]
     for b in reversed(reachable):
       out.append(self.decode(s, b, layout, params))
+      if layout.replay:
+        out.append(self.replay(s, b, layout, params))
       if spec is not None and spec.may_run(b):
         out += [self.speculative(s, b, layout, params, arm, spec.config.rule)
                 for arm in spec.config.arms if not arm.is_plain]

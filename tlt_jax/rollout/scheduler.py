@@ -31,8 +31,11 @@ class ShardRun:
   live: int                # live rows
   t: np.ndarray            # tokens each slot had emitted at the last sync
   ss: np.ndarray           # speculative steps each slot had taken at the last sync
-  arm: int | None = None   # the arm of the dispatch in flight (None: plain)
+  arm: int | None = None   # the arm of the dispatch in flight (None: plain or replay)
   t0: float = 0.0          # when it was launched
+  kind: str = "decode"     # what the dispatch in flight runs: decode, spec:<arm> or replay
+  replaying: int = 0       # live rows still replaying their stored responses
+  replayed: np.ndarray | None = None  # tokens each slot had emitted by replay at the last sync
 
 
 def next_ready(runs: dict[int, ShardRun]) -> int:

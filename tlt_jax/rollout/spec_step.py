@@ -3,7 +3,8 @@
 It follows `rollout.state`'s invariant: the row's next token `s0` is sampled (or forced) as
 plain decoding would, drafts `d1..dk` are proposed after it, and `[s0, d1..dk]` go through the
 target at positions `len .. len + k`. Kept tokens, their log-probs and the hidden states of the
-inputs that fed them are recorded; the cache keeps exactly the kept prefix.
+inputs that fed them are recorded; the cache keeps exactly the kept prefix. The replay step
+(`rollout/replay.py`) is a chain step whose drafts are a row's stored response.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.sampling import SamplingParams, processed_logprobs
+from tlt_jax.rollout.replay import replay_drafts
 from tlt_jax.rollout.state import DecodeState, emit, follow_drafter, needs_layers, next_token
 from tlt_jax.spec import verify
 from tlt_jax.spec.drafts import ChainDrafts, TreeDrafts
@@ -42,9 +44,24 @@ def spec_step(model, drafter: DraftModel | None, st: DecodeState, params: Sampli
                      rule=rule)
 
 
+def replay_step(model, drafter: DraftModel | None, st: DecodeState, params: SamplingParams, key,
+                stop_ids, n: int, pad_id: int, *, chunk: int, follow: bool) -> DecodeState:
+  """One replay step of every row (`rollout/replay.py`): `chunk` stored tokens after the row's
+  next token verified under `coupled` (a row not replaying emits its next token alone). The
+  drafter follows the kept tokens unless `follow` is off (lazy following: it catches up from the
+  captured hidden states when it next drafts)."""
+  live_B = ~st.done_B
+  s0_B, lp0_B = next_token(st, params, key)
+  s0_B = jnp.where(live_B, s0_B, pad_id)
+  new = _chain_step(model, drafter, st, s0_B, lp0_B, replay_drafts(st, s0_B, chunk), params, key,
+                    stop_ids, n, pad_id, rule="coupled", follow=follow)
+  replayed_B = st.replay.emitted_B + jnp.where(st.replay.on_B, new.t_B - st.t_B, 0)
+  return dataclasses.replace(new, replay=dataclasses.replace(new.replay, emitted_B=replayed_B))
+
+
 def _chain_step(model, drafter: DraftModel | None, st: DecodeState, s0_B, lp0_B,
                 drafts: ChainDrafts, params: SamplingParams, key, stop_ids, n: int, pad_id: int,
-                *, rule: str) -> DecodeState:
+                *, rule: str, follow: bool = True) -> DecodeState:
   """Verifies a chain `[s0, d1 .. dk]` in one target forward and commits the kept prefix."""
   b, k = drafts.tokens_BxK.shape
   rows = jnp.arange(b)
@@ -58,12 +75,12 @@ def _chain_step(model, drafter: DraftModel | None, st: DecodeState, s0_B, lp0_B,
   logp_BxKxV = processed_logprobs(out.logits_BxTxV[:, :k], params)  # p_1 .. p_k
   if rule == "coupled" or params.greedy:
     n_acc_B, forced_B = verify.verify_chain_coupled(
-        logp_BxKxV, jnp.where(valid_BxK, drafts_BxK, -1), key, st.sample_id_B, st.t_B,
+        logp_BxKxV, jnp.where(valid_BxK, drafts_BxK, -1), key, st.address_BxW, st.t_B,
         params.greedy, drafts.noise_BxKxV)
   else:
     q = verify.point_mass(drafts_BxK, logp_BxKxV.shape[-1]) if q_BxKxV is None else q_BxKxV
     n_acc_B, forced_B = verify.verify_chain_rejection(logp_BxKxV, drafts_BxK, q, key,
-                                                      st.sample_id_B, st.t_B)
+                                                      st.address_BxW, st.t_B)
     forced_B = jnp.where(n_acc_B < n_valid_B, forced_B, -1)  # a short chain is not a rejection
   n_acc_B = jnp.minimum(n_acc_B, n_valid_B)
 
@@ -77,6 +94,8 @@ def _chain_step(model, drafter: DraftModel | None, st: DecodeState, s0_B, lp0_B,
       new, cache=kvc.commit(out.cache, keep_B),
       logits_BxV=jnp.where((keep_B > 0)[:, None], last_logits, st.logits_BxV),
       spec=st.spec.after_step(keep_B, m_B, forced_B, live_B))
+  if not follow:
+    return new
   # The drafter consumed (s0, old feature) while drafting; it now catches up on the kept drafts
   # with the target's true features.
   return follow_drafter(model, drafter, st, new, out, inputs_BxM, keep_B, draft=draft,
@@ -102,7 +121,7 @@ def _tree_step(model, drafter: DraftModel | None, st: DecodeState, s0_B, lp0_B,
     q_BxExV = jnp.zeros((b, tokens_BxE.shape[1], 1), jnp.float32)
   path_BxM, n_acc_B, forced_B = verify.verify_tree(
       logp_BxExV, jnp.where(valid_BxE, tokens_BxE, -1), parents_BxE, q_BxExV, key,
-      st.sample_id_B, st.t_B, rule=rule, greedy=params.greedy, depth=depth)
+      st.address_BxW, st.t_B, rule=rule, greedy=params.greedy, depth=depth)
   if rule == "coupled" or params.greedy:
     forced_B = jnp.full_like(forced_B, -1)
 

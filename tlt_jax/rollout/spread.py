@@ -33,13 +33,21 @@ class Spread:
   collective_bytes: int = 0
 
 
-def generate_spread(engine: RolloutEngine, prompts: list, group_size: int, params, key,
+def generate_spread(engine: RolloutEngine, prompts: list, group_size: int, params, key, *,
+                    addresses=None, replay: list | None = None, corpus: dict | None = None,
                     **kw) -> Spread:
-  """`engine.generate` of this process's share of `prompts` x `group_size`, gathered."""
+  """`engine.generate` of this process's share of `prompts` x `group_size`, gathered.
+  `addresses` and `replay` (by row) and `corpus` (by prompt index) are the whole request's;
+  each process passes the engine its own rows' and prompts'."""
   share = distributed.share(len(prompts))
   mine = prompts[share]
-  local = engine.generate(mine, group_size, params, key, first_sample=share.start * group_size,
-                          **kw)
+  rows = slice(share.start * group_size, share.stop * group_size)
+  local = engine.generate(
+      mine, group_size, params, key, first_sample=share.start * group_size,
+      addresses=None if addresses is None else np.asarray(addresses)[rows],
+      replay=None if replay is None else replay[rows],
+      corpus={q - share.start: text for q, text in (corpus or {}).items()
+              if share.start <= q < share.stop}, **kw)
   if jax.process_count() == 1:
     return Spread(local, local, mine)
   t0 = time.perf_counter()

@@ -9,8 +9,9 @@ Either step can follow the other without flushing or re-prefilling.
 `DecodeState` is the base state plain decoding needs, plus one part per concern above it: `spec`
 (what speculative steps leave for the next step, and their counts), `proposers` (the per-row
 state of each proposer that keeps one, by name, which `emit` hands what each row emitted),
-`captured` (hidden states the draft model follows lazily and trains on) and `draft` (the draft
-model's own state, `spec.proposer.DraftModel`).
+`captured` (hidden states the draft model follows lazily and trains on), `replay` (each row's
+stored response, `rollout/replay.py`) and `draft` (the draft model's own state,
+`spec.proposer.DraftModel`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.sampling import SamplingParams, processed_logprobs, sample_from_logprobs
+from tlt_jax.rollout.replay import ReplayState
 from tlt_jax.spec.proposer import DraftModel, Proposer, get_proposer
 
 
@@ -62,7 +64,7 @@ class DecodeState:
 
   cache: kvc.KVCache
   logits_BxV: jax.Array       # next-token logits of each row
-  sample_id_B: jax.Array
+  address_BxW: jax.Array      # the row's noise address (`rollout/noise.py`)
   t_B: jax.Array              # tokens emitted so far
   done_B: jax.Array
   stopped_B: jax.Array        # ended on a stop token (else: length)
@@ -71,35 +73,39 @@ class DecodeState:
   spec: SpecState
   proposers: dict[str, Any]   # each context-reading proposer's per-row state, by name
   captured: Captured
+  replay: ReplayState
   draft: Any = None           # the draft model's per-row state (`spec.proposer`), if any
 
 
-def empty_state(cfg, b: int, cache_len: int, n: int, capture: bool, context_len: int,
-                pad_id: int, drafter: DraftModel | None = None,
+def empty_state(cfg, b: int, layout, pad_id: int, drafter: DraftModel | None = None,
                 proposers: tuple[Proposer, ...] = (), attention: str = "xla",
                 cache_dtype: str = "") -> DecodeState:
-  """A state of `b` done rows (with the draft model's state when there is one, and that of each
-  of `proposers`, from an empty context of `context_len` slots), its caches laid out for the
-  `attention` implementation, the policy's in `cache_dtype` (empty: the compute dtype)."""
+  """A state of `b` done rows in `layout` (`rollout.programs.Layout`), with the draft model's
+  state when there is one and that of each of `proposers` (from an empty context), its caches
+  laid out for the `attention` implementation, the policy's in `cache_dtype` (empty: the compute
+  dtype)."""
+  cache_len, n, capture = layout.cache_len, layout.n, layout.capture
   i32 = lambda: jnp.zeros((b,), jnp.int32)
-  context_BxH = jnp.full((b, context_len), -1, jnp.int32)
+  context_BxH = jnp.full((b, layout.ctx_len), -1, jnp.int32)
   return DecodeState(
       draft=drafter.init_state(cfg, b, cache_len, attention) if drafter is not None else None,
       cache=kvc.init_cache(cfg, b, cache_len, cache_dtype or None, attention),
       logits_BxV=jnp.zeros((b, cfg.vocab_size)),
-      sample_id_B=i32(), t_B=i32(), done_B=jnp.ones((b,), bool), stopped_B=jnp.zeros((b,), bool),
+      address_BxW=jnp.zeros((b, layout.words), jnp.int32), t_B=i32(),
+      done_B=jnp.ones((b,), bool), stopped_B=jnp.zeros((b,), bool),
       tokens_BxN=jnp.full((b, n), pad_id, jnp.int32), logprobs_BxN=jnp.zeros((b, n), jnp.float32),
       spec=SpecState(pending_B=jnp.full((b,), -1, jnp.int32), steps_B=i32(), tokens_B=i32()),
       proposers={p.name: p.start(context_BxH, i32()) for p in proposers},
       captured=Captured(
           jnp.zeros((b, n if capture else 0, cfg.d_model), jnp.dtype(cfg.dtype)),
-          jnp.zeros((b, cfg.d_model), jnp.dtype(cfg.dtype))))
+          jnp.zeros((b, cfg.d_model), jnp.dtype(cfg.dtype))),
+      replay=ReplayState.empty(b, n if layout.replay else 0))
 
 
 def next_token(st: DecodeState, params: SamplingParams, key) -> tuple[jax.Array, jax.Array]:
   """The row's next token (pending, else sampled at its own position) and its log-prob."""
   logp_BxV = processed_logprobs(st.logits_BxV, params)
-  sampled = sample_from_logprobs(logp_BxV, params, key, st.sample_id_B, st.t_B)
+  sampled = sample_from_logprobs(logp_BxV, params, key, st.address_BxW, st.t_B)
   tok_B = jnp.where(st.spec.pending_B >= 0, st.spec.pending_B, sampled)
   return tok_B, jnp.take_along_axis(logp_BxV, tok_B[:, None], axis=1)[:, 0]
 
@@ -134,6 +140,7 @@ def emit(st: DecodeState, toks_BxM, logps_BxM, hidden_BxMxD, m_B, stop_ids, n: i
   return dataclasses.replace(
       st, tokens_BxN=tokens, logprobs_BxN=logprobs, proposers=proposers, t_B=t_B, done_B=done_B,
       captured=dataclasses.replace(st.captured, hidden_BxNxD=hidden),
+      replay=st.replay.after_emit(tokens, st.t_B, t_B),
       stopped_B=st.stopped_B | hit_stop_B), keep_B
 
 

@@ -12,7 +12,7 @@ class Event:
   compaction, on one shard, with its batch and the rows live before and after it."""
 
   shard: int
-  kind: str          # prefill | decode | compact
+  kind: str          # prefill | decode | spec:<arm> | replay | compact
   start: float       # seconds since the call began
   end: float
   bucket: int
@@ -20,6 +20,7 @@ class Event:
   steps: int = 0
   live_after: int = -1
   tokens: int = 0
+  replayed: int = 0  # of `tokens`, those replay steps emitted from stored responses
 
 
 class Timeline:
@@ -35,10 +36,11 @@ class Timeline:
     self.compile_events, self.compile_s = 0, 0.0
     self.spec: dict = {}
 
-  def record(self, shard, kind, start, end, bucket, live, steps=0, live_after=-1, tokens=0):
+  def record(self, shard, kind, start, end, bucket, live, steps=0, live_after=-1, tokens=0,
+             replayed=0):
     """Adds one dispatch (`start`/`end` on the host's clock)."""
     self.events.append(Event(shard, kind, start - self.t0, end - self.t0, bucket, live, steps,
-                             live_after, tokens))
+                             live_after, tokens, replayed))
 
   def shard_done(self, shard: int, at: float) -> None:
     """Marks when shard `shard` finished its last row."""
@@ -52,11 +54,11 @@ class Timeline:
 
   def summary(self) -> dict:
     """Tokens per second, steps, decode and speculative time, time per bucket, idle time per
-    shard, the SD-on fraction and the compiles of the call."""
+    shard, the SD-on fraction, the share of tokens replayed and the compiles of the call."""
     per_bucket: dict[int, float] = {}
     steps, spec_s, decode_s = 0, 0.0, 0.0
     for e in self.events:
-      if e.kind == "decode" or e.kind.startswith("spec"):
+      if e.kind in ("decode", "replay") or e.kind.startswith("spec"):
         per_bucket[e.bucket] = per_bucket.get(e.bucket, 0.0) + (e.end - e.start)
         steps += e.steps
         decode_s += e.end - e.start
@@ -65,8 +67,10 @@ class Timeline:
         "wall_s": round(self.wall_s, 4),
         "tokens": self.tokens,
         "tokens_per_s": round(self.tokens / self.wall_s, 2) if self.wall_s else 0.0,
-        "decode_dispatches": sum(e.kind == "decode" or e.kind.startswith("spec")
+        "decode_dispatches": sum(e.kind in ("decode", "replay") or e.kind.startswith("spec")
                                  for e in self.events),
+        "replay_fraction": (round(sum(e.replayed for e in self.events) / self.tokens, 4)
+                            if self.tokens else 0.0),
         "sd_on_fraction": round(spec_s / decode_s, 4) if decode_s else 0.0,
         "decode_steps_max": steps,
         "time_per_bucket_s": {str(k): round(v, 4) for k, v in sorted(per_bucket.items())},

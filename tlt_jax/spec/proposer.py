@@ -129,7 +129,7 @@ class DraftChain(ChainProposer):
             live_B) -> ChainDrafts:
     """The drafter's chain of `arm.depth` drafts per row."""
     tokens_BxK, q_BxKxV, noise_BxKxV, draft = drafter.chain(
-        target, st.draft, s0_B, arm.depth, params, key, st.sample_id_B, st.t_B, rule, live_B)
+        target, st.draft, s0_B, arm.depth, params, key, st.address_BxW, st.t_B, rule, live_B)
     return ChainDrafts(tokens_BxK, jnp.ones(tokens_BxK.shape, bool), q_BxKxV, draft,
                        noise_BxKxV)
 
@@ -170,7 +170,7 @@ class DraftTree(BaseProposer):
     """The drafter's EAGLE-2 tree of `arm.nodes` drafts per row."""
     return TreeDrafts(*drafter.tree(
         target, st.draft, s0_B, depth=arm.depth, topk=arm.topk, nodes=arm.nodes, params=params,
-        key=key, sample_ids_B=st.sample_id_B, t0_B=st.t_B, rule=rule, live_B=live_B))
+        key=key, sample_ids_B=st.address_BxW, t0_B=st.t_B, rule=rule, live_B=live_B))
 
 
 PROPOSERS: dict[str, Proposer] = {}

@@ -1,0 +1,40 @@
+"""Replay's benchmark: GRPO on the warm-started `tiny` policy over a pool of 64 prompts, 16 per
+step for 40 steps (each prompt comes back every ~4 steps), with prompt-addressed noise.
+
+It runs, for each seed, the step-noise baseline, prompt noise with replay, and prompt noise
+renewed every `bench.refresh` visits (with replay); for the first seed also prompt noise without
+replay, whose rewards must equal the replay run's (the rollout speedup is the ratio of the two
+runs' rollout seconds). It prints how much of a response its stored predecessor already held
+against the steps since the prompt's last visit, the chunk verify's cost against c(B, 1) on this
+model, and the held-out accuracy of each noise setting (mean and standard error over seeds);
+last line one JSON object.
+
+Run:
+  python -m experiments.bench_replay --config=experiments/configs/bench_replay.py
+Small variant (tests):
+  python -m experiments.bench_replay --config=experiments/configs/bench_replay.py:small
+"""
+
+import ml_collections
+
+from experiments.configs import base
+
+
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+  if variant not in ("", "small"):
+    raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
+  small = variant == "small"
+  c = base.tiny_run("bench_replay", "small" if small else "")
+  c.out_dir = "runs/bench_replay"
+  if not small:
+    c.train.update(dict(num_prompts=64, prompts_per_step=16, steps=40, eval_every=40,
+                        eval_prompts=256))
+  else:
+    c.train.update(dict(num_prompts=4, checkpoint_every=0))
+  c.rollout.noise, c.rollout.noise_refresh = "prompt", 0
+  c.rollout.history = ml_collections.ConfigDict(dict(max_tokens=1_000_000, chunk=8))
+  c.bench = ml_collections.ConfigDict(dict(
+      seeds=(0,) if small else (0, 1, 2),
+      refresh=2 if small else 4,  # visits per noise epoch in the refreshed setting
+      cost_iters=5 if small else 20))  # timed calls per c(B, T) cell
+  return c

@@ -1,0 +1,142 @@
+"""Prompt-addressed noise, the history store and the replay arm: replay changes how many forwards
+a response takes, never its tokens."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from tests.conftest import small_config
+from tlt_jax.models import init_model
+from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.rollout import compiles
+from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.history import History
+from tlt_jax.rollout.noise import PROMPT_WORDS, PromptNoise, prompt_id
+from tlt_jax.spec.strategy import SpecConfig, Strategy
+
+STOPS = (7, 9, 11)
+CHUNK = 6
+
+
+def _prompts(n=4, seed=0):
+  rng = np.random.default_rng(seed)
+  return [rng.integers(3, 53, size=int(rng.integers(2, 10))).tolist() for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def model():
+  return init_model(small_config(), seed=0)
+
+
+def _moved(model, scale: float):
+  """The model after an update: every weight moved by `scale` times its spread."""
+  graphdef, state = nnx.split(model)
+  keys = iter(jax.random.split(jax.random.key(7), len(jax.tree.leaves(state))))
+  state = jax.tree.map(lambda x: x + scale * x.std() * jax.random.normal(next(keys), x.shape),
+                       state)
+  return nnx.merge(graphdef, state)
+
+
+def _engine(model, replay_chunk=CHUNK, spec=None, **kw):
+  cfg = EngineConfig(**dict(dict(batch_buckets=(1, 2, 4, 8), max_batch=8, steps_per_dispatch=3,
+                                 precompile=False), **kw))
+  return RolloutEngine(model, cfg, noise="prompt", replay_chunk=replay_chunk, spec=spec)
+
+
+def test_prompt_noise_addresses():
+  prompts = [[5, 6, 7], [8, 9], [5, 6, 7]]  # a duplicate within the step
+  noise = PromptNoise(refresh=2)
+  a = noise.addresses(prompts, 2).view(np.uint32)
+  assert a.shape == (6, PROMPT_WORDS)
+  assert tuple(a[0, :2]) == prompt_id([5, 6, 7]) != prompt_id([5, 6, 8])
+  assert a[0, 3] == 0 and a[4, 3] == 1  # the duplicate is its second occurrence
+  assert len({tuple(r) for r in a}) == 6  # every row its own noise
+  top_up = noise.addresses([[8, 9]], 2).view(np.uint32)  # a top-up round of the same step
+  assert top_up[0, 3] == 1
+  noise.end_step()
+  again = noise.addresses(prompts, 2).view(np.uint32)
+  np.testing.assert_array_equal(again, a)  # the next step: the same noise (epoch 0 still)
+  noise.end_step()
+  third = noise.addresses(prompts, 2).view(np.uint32)
+  assert (third[:, 2] == 1).all()  # 2 visits with refresh 2: a new epoch
+  restored = PromptNoise(refresh=2)
+  restored.load_state(noise.state())
+  assert restored.visits == noise.visits
+
+
+def test_history_store_bounds_epochs_and_round_trips():
+  noise = PromptNoise()
+  addr = noise.addresses([[1, 2], [3, 4]], 2)
+  h = History(max_tokens=9)
+  h.store(addr, [[1, 2, 3], [4, 5], [6], [7, 8, 9]])
+  assert h.total == 9 and [None if r is None else r.tolist() for r in h.lookup(addr)] == [
+      [1, 2, 3], [4, 5], [6], [7, 8, 9]]
+  assert h.corpus(addr, 2) == {0: [1, 2, 3, 4, 5], 1: [6, 7, 8, 9]}
+  h.store(addr[:1], [[1, 1]])  # row 0 visited again: now the newest, its old response replaced
+  h.store(addr[1:2], [[2] * 5])  # 11 tokens, over the bound: the oldest (rows 2, 3) go
+  assert [None if r is None else r.tolist() for r in h.lookup(addr)] == [
+      [1, 1], [2] * 5, None, None] and h.total == 7
+  other = addr.view(np.uint32).copy()
+  other[:, 2] += 1  # another noise epoch: nothing to replay
+  assert h.lookup(other.view(np.int32)) == [None] * 4
+  restored = History(9)
+  restored.load_state(h.state())
+  assert [None if r is None else r.tolist() for r in restored.lookup(addr)] == [
+      None if r is None else r.tolist() for r in h.lookup(addr)]
+  assert restored.total == h.total
+
+
+# The random test model's greedy choices have wide margins: it takes a larger move to change them.
+@pytest.mark.parametrize("temperature,scale", [(0.0, 2.0), (1.0, 0.6)])
+def test_replay_gives_the_tokens_of_decoding_afresh(model, temperature, scale):
+  """A stored response replays completely under the policy that drew it, and partly after an
+  update; either way every token equals replay-off decoding under the same noise, including
+  stop tokens and max_new_tokens inside a chunk."""
+  moved = _moved(model, scale)
+  prompts, g = _prompts(), 2
+  params = SamplingParams(temperature=temperature, max_new_tokens=20, stop_tokens=STOPS)
+  addr = PromptNoise().addresses(prompts, g)
+  key = jax.random.key(3)
+  first = _engine(model).generate(prompts, g, params, key, addresses=addr)
+  stored = [first.response(i) for i in range(len(first.lengths))]
+  assert len(set(first.lengths.tolist())) > 1 and "stop" in first.stop_reasons
+  same = _engine(model).generate(prompts, g, params, key, addresses=addr, replay=stored)
+  np.testing.assert_array_equal(same.tokens, first.tokens)
+  assert same.timeline.summary()["replay_fraction"] == 1.0
+  fresh = _engine(moved, replay_chunk=0).generate(prompts, g, params, key, addresses=addr)
+  replayed = _engine(moved).generate(prompts, g, params, key, addresses=addr, replay=stored)
+  np.testing.assert_array_equal(replayed.tokens, fresh.tokens)
+  np.testing.assert_array_equal(replayed.lengths, fresh.lengths)
+  np.testing.assert_allclose(replayed.logprobs, fresh.logprobs, atol=1e-5)  # verify vs step
+  assert not np.array_equal(fresh.tokens, first.tokens)  # the update changed some responses
+  assert 0.0 < replayed.timeline.summary()["replay_fraction"] < 1.0
+
+
+def test_replay_beside_speculation_and_without_compiles(model):
+  """With a coupled suffix arm: replay then speculation, the tokens of plain decoding; after a
+  warm-up nothing compiles."""
+  prompts, g = _prompts(3, seed=2), 2
+  params = SamplingParams(temperature=1.0, max_new_tokens=16, stop_tokens=STOPS)
+  addr = PromptNoise().addresses(prompts, g)
+  key = jax.random.key(4)
+  plain = _engine(model, replay_chunk=0).generate(prompts, g, params, key, addresses=addr)
+  stored = [plain.response(i)[: max(plain.lengths[i] // 2, 1)] for i in range(len(addr))]
+  spec = SpecConfig(arms=(Strategy("suffix", 3, 2),), threshold=8)
+  eng = _engine(model, spec=spec, max_prompt_len=16)
+  eng.warm_up([(len(prompts), g)], params, [len(p) for p in prompts])
+  built = compiles.Since()
+  res = eng.generate(prompts, g, params, key, addresses=addr, replay=stored)
+  assert built.events == 0
+  np.testing.assert_array_equal(res.tokens, plain.tokens)
+  kinds = {e.kind for e in res.timeline.events}
+  assert "replay" in kinds and "spec:suffix_d3_n2" in kinds, kinds
+
+
+def test_replay_needs_coupled_and_prompt_addresses(model):
+  with pytest.raises(ValueError, match="'coupled' rule only"):
+    _engine(model, spec=SpecConfig(arms=(Strategy("suffix", 3, 2),), rule="rejection"))
+  eng = _engine(model)
+  with pytest.raises(ValueError, match="addresses must be"):
+    eng.generate([[3, 4]], 2, SamplingParams(max_new_tokens=4), jax.random.key(0),
+                 addresses=np.zeros((2, 1), np.int32))
