@@ -36,7 +36,7 @@ def _recorder(trainer) -> list:
 
   def recording(addresses, responses):
     for address, new, old in zip(addresses, responses, memory.history.lookup(addresses)):
-      key = History._key(address)
+      key = History.sample_key(address)
       if old is not None:
         rows.append((trainer.step - last[key], common_prefix(old, new), len(new)))
       last[key] = trainer.step

@@ -24,6 +24,10 @@ PY = sys.executable
 SCALE = ("--config=experiments/configs/tiny_tlt.py:scale", "--config.train.steps=3",
          "--config.rollout.engine.batch_buckets=(8, 32)", "--config.rollout.engine.max_batch=32",
          "--config.spec.arms=(('eagle', 3, 0), ('plain', 1, 0))")
+# A pool of 16 prompts, 8 a step: steps 1 and 2 draw 4 and 7 seen before, under prompt-addressed
+# noise, and replay their last responses.
+REPLAYING = ("--config.train.num_prompts=16", "--config.rollout.noise=prompt",
+             "--config.rollout.history.max_tokens=100000", "--config.rollout.history.chunk=4")
 
 
 def _env(process: int | None = None, port: int = 0, devices: int = 0) -> dict:
@@ -152,15 +156,17 @@ def test_the_tiny_tlt_loop_across_processes_is_the_run_of_one_process(tmp_path):
   bound `test_grpo` uses for one Adam step), nothing built after the warm-up, one record per
   step written (by process 0), every process verifying with the same drafter. 2 processes x 2
   devices (data across processes, fsdp and two rollout shards within each) are killed after a
-  checkpoint, and the same command resumes them onto the steps of one process."""
-  one = _run([PY, "-m", "experiments.train_grpo", *SCALE, f"--config.out_dir={tmp_path}/one"],
-             900)
+  checkpoint, and the same command resumes them onto the steps of one process. Both replay
+  their prompts' last responses: each process finds its rows' in the store, which the resumed
+  processes restore from the checkpoint."""
+  one = _run([PY, "-m", "experiments.train_grpo", *SCALE, *REPLAYING,
+              f"--config.out_dir={tmp_path}/one"], 900)
   assert one.returncode == 0, one.stdout[-3000:]
   ref = _records(tmp_path / "one")
   assert [r["step"] for r in ref] == [0, 1, 2] and any(r["train/grad_norm"] > 0 for r in ref)
 
   out_dir = tmp_path / "wide"
-  wide = (*SCALE, f"--config.out_dir={out_dir}", "--config.train.mesh_shape=(1, 2)",
+  wide = (*SCALE, *REPLAYING, f"--config.out_dir={out_dir}", "--config.train.mesh_shape=(1, 2)",
           "--config.rollout.engine.num_shards=2", "--config.distributed.heartbeat_timeout_s=10")
   statuses = _kill_after_first_checkpoint(out_dir, *wide, devices=2)
   assert statuses[1] == -signal.SIGKILL and statuses[0] != 0, statuses
@@ -176,6 +182,7 @@ def test_the_tiny_tlt_loop_across_processes_is_the_run_of_one_process(tmp_path):
   assert all(r["compile_events"] == 0 for r in recs)
   assert all(r["drafter/replicas_agree"] for r in recs)
   assert any(r["drafter/steps"] > 0 for r in recs)  # idle shards trained
+  assert all(r["rollout/replay_fraction"] > 0 for r in ref[1:] + recs[1:])
   a, b = _policy(tmp_path / "one"), _policy(out_dir)
   diff = np.concatenate([np.abs(a[k].astype(np.float64) - b[k]).ravel() for k in a])
   assert diff.max() < 1e-2 * lr and np.mean(diff > 1e-3 * lr) < 1e-3, diff.max()

@@ -86,7 +86,8 @@ class History:
     return len(self._entries)
 
   @staticmethod
-  def _key(address_W) -> tuple[int, ...]:
+  def sample_key(address_W) -> tuple[int, ...]:
+    """The sample an address names (its words but the noise epoch): where it is stored."""
     words = np.asarray(address_W).astype(np.uint32)
     return tuple(int(words[w]) for w in _KEY_WORDS)
 
@@ -94,7 +95,7 @@ class History:
     """Keeps each row's response under its address (replacing that sample's older one), then
     evicts the least recently stored until the total fits `max_tokens`."""
     for address, tokens in zip(addresses_RxW, responses):
-      key = self._key(address)
+      key = self.sample_key(address)
       if key in self._entries:
         self.total -= len(self._entries.pop(key)[1])
       epoch = int(np.asarray(address).astype(np.uint32)[_EPOCH_WORD])
@@ -107,7 +108,7 @@ class History:
     """Each row's stored response, when one was drawn under the row's noise epoch (else None)."""
     out = []
     for address in addresses_RxW:
-      entry = self._entries.get(self._key(address))
+      entry = self._entries.get(self.sample_key(address))
       epoch = int(np.asarray(address).astype(np.uint32)[_EPOCH_WORD])
       out.append(entry[1] if entry is not None and entry[0] == epoch else None)
     return out
