@@ -26,10 +26,12 @@ def _rollout_s(result) -> float:
 def main(argv):
   del argv
   c, b = _CONFIG.value, _CONFIG.value.bench
+  settings = {"step": dict(noise="step"), "prompt": dict(noise="prompt"),
+              "refresh": dict(noise="prompt", refresh=b.refresh)}
+  names = {"step": "step", "prompt": "prompt", "refresh": f"prompt_refresh{b.refresh}"}
   runs = {}
   for seed in b.seeds:
-    for name, kw in (("step", dict(noise="step")), ("prompt", dict(noise="prompt")),
-                     (f"prompt_refresh{b.refresh}", dict(noise="prompt", refresh=b.refresh))):
+    for name, kw in ((names[k], settings[k]) for k in b.settings):
       runs[name, seed] = bench.run(c, c.out_dir, f"{name}_seed{seed}", seed, **kw)
       print(f"[bench_replay] {name} seed {seed}: held-out accuracy "
             f"{_accuracy(runs[name, seed]):.4f}, rollout {_rollout_s(runs[name, seed]):.1f} s",
@@ -37,12 +39,15 @@ def main(argv):
   first = b.seeds[0]
   fresh = bench.run(c, c.out_dir, f"prompt_noreplay_seed{first}", first, "prompt", replay=False)
   replayed = runs["prompt", first]
-  same = [r["reward"] for r in fresh["records"]] == [r["reward"] for r in replayed["records"]]
+  rewards = [[r["reward"] for r in x["records"]] for x in (fresh, replayed)]
+  same = rewards[0] == rewards[1]
+  differ = next((i for i, (a, b) in enumerate(zip(*rewards)) if a != b), None)
   fraction = [r["rollout/replay_fraction"] for r in replayed["records"]]
   speedup = _rollout_s(fresh) / _rollout_s(replayed)
   print(f"[bench_replay] seed {first}, prompt noise: rollout {_rollout_s(fresh):.1f} s without "
         f"replay, {_rollout_s(replayed):.1f} s with it ({speedup:.3f}x); rewards identical: "
-        f"{same}; replay fraction per step from step 1: mean {np.mean(fraction[1:]):.3f}")
+        f"{same} (first differing step: {differ}); replay fraction per step from step 1: mean "
+        f"{np.mean(fraction[1:]):.3f}")
   kept = bench.kept_by_gap(replayed["rows"])
   print("steps since last visit   samples   share of tokens its stored response held")
   for row in kept:
@@ -56,12 +61,13 @@ def main(argv):
     print(f"{row['B']:>10}   {row['c1_ms']:9.3f}   {row['verify_ms']:15.3f}   "
           f"{row['verify_steps']:15.3f}   {row['ceiling']:.3f}")
   accuracy = {}
-  for name in ("step", "prompt", f"prompt_refresh{b.refresh}"):
+  for name in (names[k] for k in b.settings):
     mean, se = bench.mean_se([_accuracy(runs[name, s]) for s in b.seeds])
     accuracy[name] = {"mean": round(mean, 4), "se": round(se, 4),
                       "seeds": [round(_accuracy(runs[name, s]), 4) for s in b.seeds]}
     print(f"held-out accuracy, {name} noise: {mean:.4f} +- {se:.4f} over {len(b.seeds)} seed(s)")
-  print(json.dumps({"rewards_identical": same, "rollout_speedup": round(speedup, 3),
+  print(json.dumps({"rewards_identical": same, "first_differing_step": differ,
+                    "rollout_speedup": round(speedup, 3),
                     "replay_fraction": [round(f, 4) for f in fraction], "kept_by_gap": kept,
                     "chunk_cost": cost, "accuracy": accuracy}))
 

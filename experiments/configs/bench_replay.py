@@ -13,6 +13,8 @@ Run:
   python -m experiments.bench_replay --config=experiments/configs/bench_replay.py
 Small variant (tests):
   python -m experiments.bench_replay --config=experiments/configs/bench_replay.py:small
+Rollout speed alone (one seed, prompt noise with and without replay, the chunk's cost; for a GPU):
+  python -m experiments.bench_replay --config=experiments/configs/bench_replay.py:speed
 """
 
 import ml_collections
@@ -21,8 +23,8 @@ from experiments.configs import base
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  if variant not in ("", "small"):
-    raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
+  if variant not in ("", "small", "speed"):
+    raise ValueError(f"Unknown variant {variant!r}; use '', 'small' or 'speed'.")
   small = variant == "small"
   c = base.tiny_run("bench_replay", "small" if small else "")
   c.out_dir = "runs/bench_replay"
@@ -34,7 +36,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout.noise, c.rollout.noise_refresh = "prompt", 0
   c.rollout.history = ml_collections.ConfigDict(dict(max_tokens=1_000_000, chunk=8))
   c.bench = ml_collections.ConfigDict(dict(
-      seeds=(0,) if small else (0, 1, 2),
+      seeds=(0,) if small or variant == "speed" else (0, 1, 2),
+      # The noise settings run per seed: "step", "prompt", "refresh" (prompt noise renewed).
+      settings=("prompt",) if variant == "speed" else ("step", "prompt", "refresh"),
       refresh=2 if small else 4,  # visits per noise epoch in the refreshed setting
       cost_iters=5 if small else 20))  # timed calls per c(B, T) cell
   return c
