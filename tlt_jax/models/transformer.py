@@ -19,6 +19,18 @@ from tlt_jax.models.layers import MLP, Attention, RMSNorm, dense
 # checkpoint of another layout to this code.
 PARAM_LAYOUT = 3
 
+# What a full forward's backward pass keeps of each layer (`Transformer.__call__`'s `remat`):
+# "none" keeps every activation; "dots" keeps the weight matmuls' outputs and recomputes the
+# rest (attention scores and probabilities, norms, the SwiGLU gate) layer by layer; "full" keeps
+# each layer's input only and recomputes the layer.
+REMAT_POLICIES = {"none": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                  "full": jax.checkpoint_policies.nothing_saveable}
+
+
+def _block_forward(block, x_BxTxD, positions_BxT, mask_BxTxT):
+  """A layer of a full forward (no cache context): what `nnx.remat` wraps."""
+  return block(x_BxTxD, positions_BxT, mask_BxTxT)
+
 
 @dataclasses.dataclass
 class ModelOutput:
@@ -92,15 +104,19 @@ class Transformer(nnx.Module):
   def __call__(self, tokens_BxT: jax.Array, cache: kvc.KVCache | None = None, *,
                positions_BxT: jax.Array | None = None, depth_T: jax.Array | None = None,
                tree_mask_TxT: jax.Array | None = None, attend_mask_BxT: jax.Array | None = None,
-               return_layers: bool = False) -> ModelOutput:
+               return_layers: bool = False, remat: str = "none") -> ModelOutput:
     """Runs the model on `tokens_BxT`.
 
     Without a cache: a full causal forward at `positions_BxT` (default 0..T-1), where
     `attend_mask_BxT` can hide padding keys. With a cache: the T tokens are written at each row's
     next slots (uncommitted; see `kv_cache.commit`) at positions `lengths + depth_T` (default
     0..T-1), attending to the committed prefix and to each other as `tree_mask_TxT` allows
-    (causal by default).
+    (causal by default). `remat` (`REMAT_POLICIES`; a full forward only) trades the backward
+    pass's memory for recomputation.
     """
+    if remat not in REMAT_POLICIES or (remat != "none" and cache is not None):
+      raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)} and 'none' with a cache, "
+                       f"got {remat!r}.")
     b, t = tokens_BxT.shape
     x = self.embed_tokens(tokens_BxT)
     if cache is None:
@@ -120,8 +136,13 @@ class Transformer(nnx.Module):
 
     layer_outs = [x] if return_layers else None
     new_k, new_v = [], []
+    forward = (nnx.remat(_block_forward, policy=REMAT_POLICIES[remat]) if remat != "none"
+               else None)
     for i, (block, context) in enumerate(zip(self.layers, contexts)):
-      x, (k, v) = block(x, positions_BxT, mask_BxTxT, context)
+      if forward is not None:
+        x, (k, v) = forward(block, x, positions_BxT, mask_BxTxT)
+      else:
+        x, (k, v) = block(x, positions_BxT, mask_BxTxT, context)
       if cache is not None:
         k, v = kvc.write_kv(cache, i, k, v)
         new_k.append(k)

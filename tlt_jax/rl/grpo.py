@@ -84,10 +84,11 @@ def group_advantages(rewards_R: jax.Array, group_size: int, normalize_std: bool 
 
 
 def token_logprobs(model, tokens_RxL: jax.Array, prompt_len_R: jax.Array, n: int,
-                   params: SamplingParams) -> tuple[jax.Array, jax.Array]:
+                   params: SamplingParams, remat: str = "none") -> tuple[jax.Array, jax.Array]:
   """Log-probs `[R, N]` of the response tokens under the processed distribution, and the
-  per-token entropy of that distribution. Row r's response starts at `prompt_len_R[r]`."""
-  logits = model(tokens_RxL[:, :-1]).logits_BxTxV
+  per-token entropy of that distribution. Row r's response starts at `prompt_len_R[r]`;
+  `remat`: what the backward pass keeps of each layer (`transformer.REMAT_POLICIES`)."""
+  logits = model(tokens_RxL[:, :-1], remat=remat).logits_BxTxV
   logp_all = processed_logprobs(logits, params)
   idx_RxN = prompt_len_R[:, None] - 1 + jnp.arange(n)[None, :]
   idx_RxN = jnp.clip(idx_RxN, 0, logits.shape[1] - 1)

@@ -40,6 +40,7 @@ from tlt_jax.drafter.adaptive import AdaptiveDrafter
 from tlt_jax.drafter.proposer import as_proposer
 from tlt_jax.evaluation import group_stats
 from tlt_jax.models.sharding import make_mesh
+from tlt_jax.models.transformer import REMAT_POLICIES
 from tlt_jax.rl import resume
 from tlt_jax.rl.hooks import loop_hooks
 from tlt_jax.rl.learner import Learner
@@ -63,7 +64,8 @@ class LoopConfig:
   (addressed by `seed` and the step) for `steps` steps; the update makes `update_epochs` passes
   over a step's rows, each cut into `mini_batches` (one optimizer step each), and accumulates
   each mini-batch's gradient over `micro_batches` on a `mesh_shape` = (data, fsdp) or
-  (data, fsdp, tp) mesh; held-out
+  (data, fsdp, tp) mesh, keeping of each layer for the backward pass what `remat` says
+  (`models/transformer.REMAT_POLICIES`); held-out
   evaluation every `eval_every` steps (0: off) with `eval_group_size` samples per prompt; a
   checkpoint every `checkpoint_every` steps (0: off), the last `keep` kept; `export` the final
   policy (and drafter) to `out_dir/export`, and every `export_every` steps (0: off) to
@@ -79,6 +81,7 @@ class LoopConfig:
   mini_batches: int = 1
   update_epochs: int = 1
   mesh_shape: tuple[int, ...] = (1, 1)
+  remat: str = "none"
   checkpoint_every: int = 0
   keep: int = 2
   eval_every: int = 0
@@ -96,6 +99,8 @@ class LoopConfig:
     if len(mesh) not in (2, 3) or any(not isinstance(m, int) or m < 1 for m in mesh):
       raise ValueError(f"mesh_shape must be (data, fsdp) or (data, fsdp, tp) with integers >= 1, "
                        f"got {mesh}.")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"remat must be one of {', '.join(REMAT_POLICIES)}, got {self.remat!r}.")
     if min(self.checkpoint_every, self.eval_every, self.export_every) < 0 or self.keep < 1:
       raise ValueError("checkpoint_every, eval_every and export_every must be >= 0 (0: off), "
                        "keep >= 1.")
@@ -155,7 +160,7 @@ class Trainer:
     self.pool_answers = answers if answers is not None else workload.answers
     mesh, self.prompt_bucket = check_layout(loop, engine_cfg, self.pool_prompts, eval_prompts)
     self.updater = PolicyUpdater(workload.model, mesh, learner, optim, workload.params,
-                                 loop.micro_batches)
+                                 loop.micro_batches, loop.remat)
     # The policy as the rollout reads it: whole on this process's first device of the mesh.
     self.policy = distributed.local_copy(nnx.state(self.updater.model()), self.updater.mesh)
     if not engine_cfg.max_prompt_len:  # one cache layout for every step: nothing compiles later

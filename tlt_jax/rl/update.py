@@ -88,10 +88,11 @@ class PolicyUpdater:
   """
 
   def __init__(self, model, mesh, learner: Learner, optim: OptimConfig, params: SamplingParams,
-               micro_batches: int = 1):
+               micro_batches: int = 1, remat: str = "none"):
     if micro_batches < 1:
       raise ValueError(f"micro_batches must be >= 1, got {micro_batches}.")
     self.mesh, self.learner, self.sampling, self.micro = mesh, learner, params, micro_batches
+    self.remat = remat
     check_tp(model.cfg, mesh.shape.get(TP, 1))
     self.graphdef, state = nnx.split(model, nnx.Param)
     self.param_sharding = param_shardings(state, mesh)
@@ -127,7 +128,7 @@ class PolicyUpdater:
     def loss_fn(p):
       model = nnx.merge(self.graphdef, p)
       logp, ent = token_logprobs(model, mb.tokens_RxL, mb.prompt_len_R, mb.mask_RxN.shape[1],
-                                 self.sampling)
+                                 self.sampling, self.remat)
       old = jax.lax.stop_gradient(logp) if mb.old_logp_RxN is None else mb.old_logp_RxN
       loss, metrics = self.learner.loss(logp, old, mb.adv_R, mb.mask_RxN, mb.ref_logp_RxN, ent)
       return loss, (metrics, logp)
