@@ -44,10 +44,11 @@ def main(argv):
   write = lambda name, obj: json.dump(obj, open(os.path.join(c.out_dir, f"{name}.json"), "w"),
                                       indent=1)
   results = {}
-  for name, fields in c.shapes.items():
+  for name, shape in c.shapes.items():
     t0 = time.perf_counter()
-    model = gpu.shape_model(dict(fields), c.dtype, max(c.cache_len, c.rollout.prompt_len
-                                                       + c.rollout.new_tokens + 64))
+    shape = shape if isinstance(shape, str) else dict(shape)
+    model = gpu.shape_model(shape, c.dtype, max(c.cache_len, c.rollout.prompt_len
+                                                + c.rollout.new_tokens + 64))
     r = {"cost": gpu.cost(model, c.batches, c.tokens, c.cache_len, c.iters, c.rounds,
                           c.attention)}
     r["rollout"] = [gpu.rollout(model, rows, c.rollout.prompt_len, c.rollout.new_tokens,

@@ -12,7 +12,7 @@ import numpy as np
 from experiments.benchmarks import spec as spec_bench
 from experiments.benchmarks.cost import cost_table, param_bytes, step_against_floor
 from tlt_jax.drafter.model import init_drafter
-from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.config import ModelConfig, get_shape
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
@@ -21,10 +21,11 @@ from tlt_jax.spec.strategy import SpecConfig, Strategy
 GREEDY = dict(temperature=0.0, stop_tokens=())  # no stop token: every row runs its full length
 
 
-def shape_model(fields: dict, dtype: str, max_seq_len: int):
-  """A random-initialised model of the given shape, weights and compute in `dtype`."""
-  return init_model(ModelConfig(**fields, max_seq_len=max_seq_len, dtype=dtype, param_dtype=dtype),
-                    seed=0)
+def shape_model(shape, dtype: str, max_seq_len: int):
+  """A random-initialised model of `shape` (a `SHAPES` name or ModelConfig fields), weights and
+  compute in `dtype`."""
+  cfg = get_shape(shape) if isinstance(shape, str) else ModelConfig(**shape)
+  return init_model(cfg.replace(max_seq_len=max_seq_len, dtype=dtype, param_dtype=dtype), seed=0)
 
 
 def cost(model, batches, tokens, cache_len: int, iters: int, rounds: int, impl: str) -> dict:

@@ -13,6 +13,11 @@ Variants, combined with commas: `tlt` (speculative decoding under `coupled` and 
 drafter, warmed up from the model's own rollouts), `small` (sized for CPU tests):
   python -m experiments.train_grpo --config=experiments/configs/hf_math.py:tlt,small \
     --config.model.path=DIR --config.task.dataset=train.jsonl --config.task.test_dataset=test.jsonl
+Recipes for GPU nodes (`qwen2p5_1p5b_8xh100`: Qwen2.5-1.5B-Instruct on one host of 8 H100 80 GB;
+`qwen2p5_7b_64xh100`: Qwen2.5-7B-Instruct on 8 hosts x 8 H100), GRPO with 8 samples per prompt
+at T = 0.9 and responses up to 8K tokens, combinable with `tlt`; their memory, planned from the
+shapes alone (no weights needed; docs/SCALING.md has the tables):
+  python -m experiments.plan_memory --config=experiments/configs/hf_math.py:qwen2p5_1p5b_8xh100
 The warm-up drafter alone (cached by model and data; `:tlt` then loads it):
   python -m experiments.drafter_warmup --config=experiments/configs/hf_math.py:drafter \
     --config.model.path=DIR --config.task.dataset=train.jsonl
@@ -23,7 +28,29 @@ import ml_collections
 from experiments.configs import base
 
 CD = ml_collections.ConfigDict
-VARIANTS = ("tlt", "small", "drafter")
+VARIANTS = ("tlt", "small", "drafter", "qwen2p5_1p5b_8xh100", "qwen2p5_7b_64xh100")
+
+
+def _recipe(c: ml_collections.ConfigDict, name: str) -> None:
+  """A GPU recipe's layout (module docstring): bf16 compute and cache over float32 masters,
+  one rollout shard per device (1.5B) or per pair (7B, tp = 2), the update fully sharded within
+  each host, one row of up to 512 + 8192 tokens per device per micro-batch, rematerialised.
+  The 7B recipe does not fit today: each process's first device also holds the whole policy
+  that the rollout reads (`distributed.local_copy`, 30 GB in float32); docs/SCALING.md."""
+  big = name == "qwen2p5_7b_64xh100"
+  c.model.compute_dtype = "bfloat16"  # over float32 masters (the default param_dtype)
+  c.rollout.max_new_tokens = 8192
+  c.rollout.engine.update(dict(prefill_buckets=(128, 256, 512), max_prompt_len=512,
+                               cache_dtype="bfloat16", num_shards=4 if big else 8))
+  if big:  # else 64 rows per shard, its default buckets
+    c.rollout.engine.update(dict(tp=2, max_batch=16, batch_buckets=(1, 2, 4, 8, 16)))
+  # train.mesh_shape is per process (the data axis spans the processes).
+  c.train.update(dict(prompts_per_step=256 if big else 64, mesh_shape=(1, 8, 1),
+                      mini_batches=8 if big else 4, micro_batches=4 if big else 16,
+                      remat="full" if big else "dots"))
+  c.plan = CD(dict(shape="qwen2p5_7b" if big else "qwen2p5_1p5b", devices=8))  # 80 GB each
+  if big:
+    c.plan.processes = 8
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
@@ -60,6 +87,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       c.drafter.warmup.seq_len = 64
     c.drafter.adaptive = base.adaptive(small)
     c.train.export = True
+  for name in ("qwen2p5_1p5b_8xh100", "qwen2p5_7b_64xh100"):
+    if name in chosen:
+      _recipe(c, name)
   if "drafter" in chosen:  # `experiments.drafter_warmup`'s config: the recipe, on one device
     c.name = "hf_math_drafter"
     c.drafter.adaptive = CD()

@@ -104,6 +104,29 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+# Architectures of public checkpoints without their weights: for planning a run's memory
+# (`rl/memory.py`) and for benchmarks on random weights (`experiments/configs/bench_gpu.py`).
+SHAPES: dict[str, ModelConfig] = {
+    "smollm2_135m": ModelConfig(
+        family="llama", vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
+        d_ff=1536, rope_theta=100000.0, tie_embeddings=True, max_seq_len=8192),
+    "qwen2p5_1p5b": ModelConfig(
+        family="qwen2", vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2,
+        d_ff=8960, rope_theta=1000000.0, norm_eps=1e-6, tie_embeddings=True, max_seq_len=32768),
+    "qwen2p5_7b": ModelConfig(
+        family="qwen2", vocab_size=152064, d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4,
+        d_ff=18944, rope_theta=1000000.0, norm_eps=1e-6, tie_embeddings=False,
+        max_seq_len=32768),
+}
+
+
+def get_shape(name: str) -> ModelConfig:
+  """The architecture of a named public checkpoint (`SHAPES`), or a clear error listing them."""
+  if name not in SHAPES:
+    raise ValueError(f"Unknown model shape {name!r}; known shapes: {sorted(SHAPES)}.")
+  return SHAPES[name]
+
+
 def get_preset(name: str) -> ModelConfig:
   """Returns the config of a named preset, or a clear error listing the known ones."""
   if name not in PRESETS:

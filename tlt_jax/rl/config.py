@@ -28,6 +28,7 @@ from tlt_jax.drafter.adaptive import AdaptiveConfig
 from tlt_jax.errors import ConfigError
 from tlt_jax.rl.learner import Learner
 from tlt_jax.rl.learners import LEARNERS, learner_from_section
+from tlt_jax.rl.memory import PlanTarget
 from tlt_jax.rl.trainer import LoopConfig
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
@@ -38,7 +39,7 @@ from tlt_jax.workloads import DrafterRecipe, WorkloadConfig, drafter_recipe, wor
 
 ROLLOUT_KEYS = ("engine", "noise", "noise_refresh", "history")  # beside the sampling settings
 SECTIONS = ("name", "out_dir", "cache_dir", "seed", "model", "task", "rollout", "spec", "drafter",
-            "rl", "train", "distributed")
+            "rl", "train", "distributed", "plan")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,7 @@ class RunConfig:
   eval_prompts: int
   distributed: DistributedConfig = DistributedConfig()
   replay: ReplayConfig = ReplayConfig()
+  plan: PlanTarget = PlanTarget()
 
   @property
   def out_dir(self) -> str:
@@ -144,4 +146,5 @@ def run_config(c: ml_collections.ConfigDict, other_keys=()) -> RunConfig:
                    engine=engine_config(c.rollout.get("engine"), c.get("cache_dir", "")),
                    spec=spec, drafter=recipe, adaptive=adaptive, learner=learner, optim=optim,
                    loop=loop, num_prompts=num_prompts, eval_prompts=eval_prompts,
-                   distributed=DistributedConfig.from_dict(c.get("distributed")), replay=replay)
+                   distributed=DistributedConfig.from_dict(c.get("distributed")), replay=replay,
+                   plan=typed(PlanTarget, c.get("plan") or {}, "plan"))

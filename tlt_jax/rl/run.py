@@ -6,6 +6,8 @@ returns the run's summary."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import time
 
 import jax
@@ -15,7 +17,11 @@ from tlt_jax import distributed
 from tlt_jax.drafter.costs import cost_table_for
 from tlt_jax.hashing import content_digest, provenance
 from tlt_jax.rl.compare import compare_runs, heldout_change, read_metrics
+from tlt_jax.errors import ConfigError
+from tlt_jax.models.config import PRESETS, SHAPES, ModelConfig, get_shape
+from tlt_jax.models.pretrained import config_from_hf
 from tlt_jax.rl.config import RunConfig
+from tlt_jax.rl.memory import GB, MemoryPlan, PlanTarget, device_limit_bytes, plan_memory
 from tlt_jax.rl.metrics import write_run_record
 from tlt_jax.rl.trainer import Trainer
 from tlt_jax.sft import default_cache_dir
@@ -62,6 +68,60 @@ def _stages(rc: RunConfig, progress: bool) -> Stages:
   return Stages((model, tok), drafter)
 
 
+# A workload's model without its weights, where its `model.name` fixes it.
+_WORKLOAD_SHAPES = {"tiny": PRESETS["tiny"], "smollm2": get_shape("smollm2_135m")}
+
+
+def planned_shape(rc: RunConfig) -> ModelConfig:
+  """The architecture a plan is made for, without loading weights: `plan.shape`, else the
+  `config.json` of `model.path`'s folder, else the workload's own model."""
+  if rc.plan.shape:
+    return get_shape(rc.plan.shape)
+  path = os.path.join(rc.workload.path, "config.json")
+  if rc.workload.path and os.path.isfile(path):
+    with open(path) as f:
+      return config_from_hf(json.load(f), rc.workload.path)
+  if rc.workload.name in _WORKLOAD_SHAPES:
+    return _WORKLOAD_SHAPES[rc.workload.name]
+  raise ConfigError(f"No model shape to plan for: set config.plan.shape (one of "
+                    f"{sorted(SHAPES)}) or config.model.path to a folder with a config.json.")
+
+
+def plan_for(rc: RunConfig, cfg: ModelConfig, target: PlanTarget, max_new_tokens: int = 0
+             ) -> MemoryPlan:
+  """The memory plan of run `rc` with model `cfg` on `target` (`rl/memory.py`)."""
+  new = max_new_tokens or rc.workload.max_new_tokens
+  if new < 1:
+    raise ConfigError("config.rollout.max_new_tokens: set it to plan the run's memory (the "
+                      "task's own maximum is known only once its data loads).")
+  prompt = rc.engine.max_prompt_len or rc.engine.prefill_buckets[-1]
+  precision = rc.workload.precision
+  return plan_memory(cfg, rc.loop, rc.engine, param_dtype=precision.param_dtype,
+                     compute_dtype=precision.compute_dtype, prompt_len=prompt,
+                     max_new_tokens=new, target=target,
+                     drafter=rc.drafter.model if rc.drafter is not None else None)
+
+
+def check_fits(rc: RunConfig, cfg: ModelConfig, max_new_tokens: int) -> MemoryPlan | None:
+  """The plan on this machine's devices; a one-line error, before any step, where the device
+  reports its memory and the plan exceeds it. None where the device reports none (CPU)."""
+  limit = device_limit_bytes(jax.local_devices()[0])
+  if limit is None:
+    return None
+  plan = plan_for(rc, cfg, PlanTarget(processes=jax.process_count(),
+                                      devices=jax.local_device_count(), device_gb=limit / GB),
+                  max_new_tokens)
+  if not plan.fits:
+    name, most, _ = max(plan.rows, key=lambda r: r[1])
+    raise ConfigError(
+        f"The run needs {plan.total_bytes / GB:.1f} GB per device and the device has "
+        f"{limit / GB:.1f} GB; the largest part is {name} ({most / GB:.1f} GB): lower "
+        "rollout.engine.max_batch or rollout.max_new_tokens, raise train.micro_batches, set "
+        "train.remat, or split the model over more devices (python -m experiments.plan_memory "
+        "prints the plan).")
+  return plan
+
+
 def build_trainer(rc: RunConfig, progress: bool = True, stages: Stages | None = None) -> Trainer:
   """The trainer of `rc` over its stages' products (`run_stages(rc)` when not given), with its
   workload and evaluation. Builds nothing that takes long."""
@@ -72,6 +132,7 @@ def build_trainer(rc: RunConfig, progress: bool = True, stages: Stages | None = 
   longest = min(rc.engine.prefill_buckets[-1],
                 w.model.cfg.max_seq_len - w.params.max_new_tokens - rc.engine.cache_slack)
   w = fitting(w, longest, "training")
+  check_fits(rc, w.model.cfg, w.params.max_new_tokens)
   eval_prompts = eval_answers = None
   if rc.loop.eval_every:
     held_out = fitting(build_workload(rc.workload, rc.eval_prompts, rc.seed + 7919,

@@ -21,6 +21,7 @@ from tlt_jax.drafter.train import DrafterTrainConfig
 from tlt_jax.drafter.warmup import WarmupConfig
 from tlt_jax.models.precision import Precision
 from tlt_jax.rl.learners import LEARNERS
+from tlt_jax.rl.memory import PlanTarget
 from tlt_jax.rl.trainer import LoopConfig
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
@@ -47,6 +48,7 @@ SECTIONS: dict[tuple[str, ...], type] = {
     ("rl", "optim"): OptimConfig,
     ("train",): LoopConfig,
     ("distributed",): DistributedConfig,
+    ("plan",): PlanTarget,
     **{("rl", name): cls for name, cls in LEARNERS.items()},
 }
 # Fields a section holds beside (or instead of) its dataclass's, with their types.

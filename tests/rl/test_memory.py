@@ -1,0 +1,59 @@
+"""The memory plan (`tlt_jax/rl/memory.py`): exact parameter bytes from abstract shapes, the GPU
+recipes planned on CPU, and the one-line error of a run that cannot fit its devices."""
+
+import jax
+import pytest
+from flax import nnx
+
+from experiments.configs import hf_math, tiny_baseline
+from tlt_jax.errors import ConfigError
+from tlt_jax.models import init_model
+from tlt_jax.models.config import PRESETS
+from tlt_jax.rl import run
+from tlt_jax.rl.config import run_config
+from tlt_jax.rl.memory import GB, PlanTarget
+
+
+def _plan(variant, **train):
+  c = hf_math.get_config(variant)
+  c.train.update(train)
+  rc = run_config(c)
+  return run.plan_for(rc, run.planned_shape(rc), rc.plan)
+
+
+def test_parameter_bytes_are_the_models_and_split_over_the_update_mesh():
+  c = tiny_baseline.get_config("small")
+  c.rollout.max_new_tokens = 16
+  rc = run_config(c)
+  weights = sum(x.nbytes for x in jax.tree.leaves(nnx.state(init_model(PRESETS["tiny"]),
+                                                            nnx.Param)))
+  plan = run.plan_for(rc, run.planned_shape(rc), PlanTarget(device_gb=1.0))
+  rows = {name: b for name, b, _ in plan.rows}
+  assert rows["parameters"] == weights and rows["optimizer state"] == 2 * weights
+  c.train.mesh_shape = (1, 2, 1)  # fsdp halves every weight whose width splits evenly
+  split = run.plan_for(run_config(c), PRESETS["tiny"], PlanTarget(device_gb=1.0))
+  assert dict((n, b) for n, b, _ in split.rows)["parameters"] == pytest.approx(weights / 2,
+                                                                              rel=0.02)
+
+
+def test_the_gpu_recipes_planned_on_cpu():
+  """Qwen2.5-1.5B on 8 H100s fits 80 GB; the same recipe with 16 rows per micro-batch and no
+  remat does not. Qwen2.5-7B on 64 H100s fits but for the whole policy each process's first
+  device gathers for the rollout today."""
+  small = _plan("qwen2p5_1p5b_8xh100")
+  assert small.fits and small.limit_bytes == 80 * GB
+  assert not _plan("qwen2p5_1p5b_8xh100", micro_batches=1, remat="none").fits
+  big = _plan("qwen2p5_7b_64xh100")
+  gathered = dict((n, b) for n, b, _ in big.rows)["gathered policy"]
+  assert gathered == pytest.approx(7.6e9 * 4, rel=0.01)  # float32 Qwen2.5-7B
+  assert not big.fits and big.total_bytes - gathered < 80 * GB
+
+
+def test_a_run_that_cannot_fit_its_device_is_one_line(monkeypatch):
+  monkeypatch.setattr(run, "device_limit_bytes", lambda device: 2e9)
+  c = hf_math.get_config("qwen2p5_1p5b_8xh100")
+  c.train.mesh_shape = (1, 1, 1)
+  rc = run_config(c)
+  with pytest.raises(ConfigError, match=r"needs \d+\.\d GB per device and the device has 2\.0 GB;"
+                                        r" the largest part is update activations"):
+    run.check_fits(rc, run.planned_shape(rc), 8192)

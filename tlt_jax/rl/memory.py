@@ -1,0 +1,167 @@
+"""A run's memory per device, planned from abstract shapes only (no weights, no dataset, no device
+of the recipe's kind): what a layout needs before anything is allocated.
+
+The busiest device of a run holds a share of the update (parameters, AdamW's two moments and the
+accumulated gradient, each split over the update mesh's `fsdp x tp` as `models/sharding.py`
+lays them out), one rollout shard's share (the policy's compute-dtype copy and KV cache split
+over the shard's `tp`), the drafter, and the temporaries of the update's and decode's programs.
+Parameter bytes are exact (`nnx.eval_shape` of the model, sharded by its logical axes); the
+temporaries are estimates whose formulas are written beside each row of the plan:
+
+- update activations, per layer and token of a micro-batch's rows on one device, in the compute
+  dtype: `6D + (2NH + 2KH + 3F) / tp` without rematerialisation, the layer's input `D` only
+  with `remat = "full"` and `D + (2NH + 2KH + 3F) / tp` with `"dots"` (the weight matmuls'
+  outputs); plus, for the layer being differentiated, its attention scores and probabilities
+  (`2 x N / tp x T^2` float32 per row: XLA's attention materialises them) and, without remat,
+  the same for every layer; plus the head's logits, log-softmax and their gradient
+  (`3 x T x V / tp` float32 per row).
+- decode temporaries: the logits, the processed distribution and the noise of a full batch
+  (`3 x max_batch x V` float32), and one layer's scores over the cache.
+- with several processes the rollout reads the policy whole from each process's first device
+  (`distributed.local_copy`): its full parameter bytes are counted there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+from flax import nnx
+
+from tlt_jax.drafter.model import DrafterConfig, init_drafter
+from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.sharding import FSDP, TP, logical_axes, spec
+from tlt_jax.models.transformer import abstract_model
+from tlt_jax.rl.trainer import LoopConfig
+from tlt_jax.rollout.engine import EngineConfig
+
+GB = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanTarget:
+  """What a run is planned for (`config.plan`): the model `shape` (a `models.config.SHAPES`
+  name; empty: the run's own model), `processes` x `devices` per process, and each device's
+  memory `device_gb` (GB, 1e9 bytes)."""
+
+  shape: str = ""
+  processes: int = 1
+  devices: int = 1
+  device_gb: float = 80.0
+
+  def __post_init__(self):
+    if min(self.processes, self.devices) < 1 or self.device_gb <= 0:
+      raise ValueError(f"processes and devices must be >= 1 and device_gb > 0, got {self}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+  """Bytes per device of the busiest device, by part: `rows` of (part, bytes, how computed),
+  against `limit_bytes`."""
+
+  rows: tuple[tuple[str, float, str], ...]
+  limit_bytes: float
+
+  @property
+  def total_bytes(self) -> float:
+    """Everything the busiest device holds at once."""
+    return float(sum(b for _, b, _ in self.rows))
+
+  @property
+  def fits(self) -> bool:
+    """Whether the total is within the device's memory."""
+    return self.total_bytes <= self.limit_bytes
+
+  def table(self) -> str:
+    """The plan as a Markdown table, the total and the limit last."""
+    lines = ["| part | GB per device | how |", "|---|---|---|"]
+    lines += [f"| {name} | {b / GB:.2f} | {how} |" for name, b, how in self.rows]
+    lines.append(f"| **total** | **{self.total_bytes / GB:.2f}** | of {self.limit_bytes / GB:.1f} "
+                 f"GB: {'fits' if self.fits else 'does not fit'} |")
+    return "\n".join(lines)
+
+  def summary(self) -> dict:
+    """Per-device figures in GB and `fits` (computed, not measured)."""
+    return {"gb_per_device": {name: round(b / GB, 3) for name, b, _ in self.rows},
+            "total_gb": round(self.total_bytes / GB, 3),
+            "limit_gb": round(self.limit_bytes / GB, 3), "fits": self.fits,
+            "computed": True}
+
+
+def sharded_bytes(state, mesh_shape: dict, dtype=None) -> float:
+  """Bytes per device of an abstract parameter state laid out by its logical axes on a mesh of
+  `mesh_shape` (axis -> size); `dtype`: the bytes of that dtype instead of the leaves' own."""
+  total = 0.0
+  for _, v in nnx.to_flat_state(state):
+    shape = tuple(v.get_value().shape)
+    split = math.prod(mesh_shape.get(a, 1) for a in spec(logical_axes(v), shape, mesh_shape)
+                      if a is not None)
+    width = jnp.dtype(dtype or v.get_value().dtype).itemsize
+    total += math.prod(shape) * width / split
+  return total
+
+
+def _activations(cfg: ModelConfig, rows: float, tokens: int, tp: int, remat: str,
+                 width: int) -> tuple[float, str]:
+  """The update's activation bytes for `rows` rows of `tokens` on one device (module docstring)."""
+  d, heads = cfg.d_model, (2 * cfg.n_heads * cfg.hd + 2 * cfg.n_kv_heads * cfg.hd + 3 * cfg.d_ff)
+  per_token = {"none": 6 * d + heads / tp, "dots": d + heads / tp, "full": d}[remat]
+  scores = 2 * cfg.n_heads / tp * tokens ** 2 * 4  # float32 scores and probabilities, per row
+  layers_with_scores = cfg.n_layers if remat == "none" else 1
+  head = 3 * tokens * cfg.vocab_size / tp * 4
+  total = rows * (cfg.n_layers * tokens * per_token * width + layers_with_scores * scores + head)
+  return total, (f"{rows:g} row(s) x {tokens} tokens, remat={remat}: per layer and token "
+                 f"{per_token:.0f} x {width} B, scores of {layers_with_scores} layer(s), logits")
+
+
+def plan_memory(cfg: ModelConfig, loop: LoopConfig, engine: EngineConfig, *, param_dtype: str,
+                compute_dtype: str, prompt_len: int, max_new_tokens: int, target: PlanTarget,
+                drafter: DrafterConfig | None = None) -> MemoryPlan:
+  """The busiest device's memory for a run of model `cfg` with these settings on `target`."""
+  abstract = nnx.state(abstract_model(cfg.replace(param_dtype=param_dtype)), nnx.Param)
+  mesh = tuple(loop.mesh_shape) + (1,) * (3 - len(loop.mesh_shape))
+  data, fsdp, tp = mesh
+  update = {FSDP: fsdp, TP: tp}
+  master = sharded_bytes(abstract, update)
+  width = jnp.dtype(compute_dtype).itemsize
+  rows_per_device = (loop.prompts_per_step * loop.group_size
+                     / (loop.mini_batches * loop.micro_batches * data * fsdp * target.processes))
+  tokens = prompt_len + max_new_tokens
+  act, act_how = _activations(cfg, rows_per_device, tokens, tp, loop.remat, width)
+  shard = {TP: engine.tp}
+  cache_len = tokens + engine.cache_slack
+  cache_width = jnp.dtype(engine.cache_dtype or compute_dtype).itemsize
+  kv = (engine.max_batch * cache_len * cfg.n_layers * 2 * (cfg.n_kv_heads / engine.tp) * cfg.hd
+        * cache_width)
+  decode = engine.max_batch * (3 * cfg.vocab_size * 4 + cfg.n_heads / engine.tp * cache_len * 4)
+  rows = [
+      ("parameters", master, f"{param_dtype}, split over fsdp={fsdp} x tp={tp}"),
+      ("optimizer state", 2 * master, "AdamW's two moments, laid out as the parameters"),
+      ("gradients", master, "one accumulated gradient, laid out as the parameters"),
+      ("update activations", act, act_how),
+      ("rollout weights", sharded_bytes(abstract, shard, compute_dtype),
+       f"{compute_dtype} copy, split over the shard's tp={engine.tp}"),
+      ("KV cache", kv, f"{engine.max_batch} rows x {cache_len} slots x {cfg.n_layers} layers, "
+                       f"k and v, {cfg.n_kv_heads} kv heads / tp={engine.tp}"),
+      ("decode temporaries", decode, "logits, processed distribution and noise; one layer's "
+                                     "scores over the cache"),
+  ]
+  if drafter is not None:
+    head = nnx.state(nnx.eval_shape(lambda: init_drafter(cfg, drafter)), nnx.Param)
+    own = sharded_bytes(head, {}, "float32")
+    rows.append(("drafter", 4 * own + engine.max_batch * cache_len * 2 * cfg.n_kv_heads * cfg.hd
+                 * width, "its own weights with AdamW and a gradient (float32) and its "
+                          "one-layer cache; it reads the target's embedding and head"))
+  if target.processes > 1:
+    rows.append(("gathered policy", sharded_bytes(abstract, {}),
+                 "the whole policy on each process's first device (distributed.local_copy)"))
+  return MemoryPlan(tuple(rows), target.device_gb * GB)
+
+
+def device_limit_bytes(device) -> float | None:
+  """The memory a device reports it can allocate (`memory_stats()["bytes_limit"]`), or None
+  where the backend reports none (CPU)."""
+  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+  return float(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
