@@ -2,6 +2,7 @@
 same trajectory."""
 
 import json
+import struct
 
 import jax
 import jax.numpy as jnp
@@ -167,21 +168,30 @@ def test_the_kl_reference_survives_a_resume(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def _wandb_history(path, key: str) -> list:
-  """The values logged under `key` in an offline W&B run's record file: protobuf HistoryItems,
-  the key in field 2 and the JSON value in field 16 (short ones: one-byte lengths)."""
-  data, k, out = path.read_bytes(), key.encode(), []
-  tag = b"\x12" + bytes([len(k)]) + k + b"\x82\x01"
-  i = data.find(tag)
-  while i >= 0:
-    j = i + len(tag)
-    out.append(json.loads(data[j + 1:j + 1 + data[j]]))
-    i = data.find(tag, j)
+def _wandb_history(path, key: str, record_cls) -> list:
+  """The values logged under `key` in an offline W&B run's record file, read with W&B's own
+  protobuf `record_cls`: a 7-byte file header, then records cut into 32 KiB blocks,
+  each piece behind a 7-byte header (crc, length, kind: 1 whole, 2 first, 3 middle, 4 last)."""
+  data, block, pos, buf, out = path.read_bytes(), 1 << 15, 7, b"", []
+  while pos + 7 <= len(data):
+    if block - pos % block < 7:  # a block's tail too short for a header is padding
+      pos += block - pos % block
+      continue
+    _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+    chunk, pos = data[pos + 7:pos + 7 + n], pos + 7 + n
+    buf = chunk if kind in (1, 2) else buf + chunk
+    if kind not in (1, 4):
+      continue
+    record = record_cls.FromString(buf)
+    for item in record.history.item if record.HasField("history") else ():
+      if (item.key or "/".join(item.nested_key)) == key:  # W&B writes either field
+        typed = item.WhichOneof("value")
+        out.append(getattr(item, typed) if typed else json.loads(item.value_json))
   return out
 
 
 def test_weights_and_biases_logs_offline_beside_the_records(tmp_path, monkeypatch):
-  pytest.importorskip("wandb")
+  record_cls = pytest.importorskip("wandb.proto.wandb_internal_pb2").Record
   monkeypatch.setenv("WANDB_MODE", "offline")
   monkeypatch.setenv("WANDB_SILENT", "true")
   monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -192,9 +202,9 @@ def test_weights_and_biases_logs_offline_beside_the_records(tmp_path, monkeypatc
                optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10))
   hist = tr.run(progress=False)
   (record,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
-  steps = _wandb_history(record, "_step")  # each step's items come as history and summary
+  steps = _wandb_history(record, "_step", record_cls)
   for key in ("reward", "train/loss", "spec/accept_len"):
-    logged = dict(zip(steps, _wandb_history(record, key)))
+    logged = dict(zip(steps, _wandb_history(record, key, record_cls)))
     assert logged == pytest.approx({m["step"]: m[key] for m in hist}), key
   assert not (out / "tb").exists()  # only the loggers asked for
   with pytest.raises(ValueError, match=r"loggers \['mlflow'\] unknown"):
