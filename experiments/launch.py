@@ -44,16 +44,16 @@ def run(main) -> None:
   app.run(quiet_main, flags_parser=_parse_flags)
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, plus overrides of run-config fields the config file does not mention
-  (`tlt_jax.rl.schema`: any field of the section's dataclass). A key neither the config nor the
-  schema has, an unparsable value or a config file that fails to load ends the process with one
-  line naming it, before any work."""
+def _parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
+  """absl's flag parsing into `flag_values`, plus overrides of run-config fields the config file
+  does not mention (`tlt_jax.rl.schema`: any field of the section's dataclass). A key neither the
+  config nor the schema has, an unparsable value or a config file that fails to load ends the
+  process with one line naming it, before any work."""
   added = []
   # Only this launcher's own flags: what follows `--` is another command's (`launch_local`).
   own = argv[:argv.index("--")] if "--" in argv else argv
-  if "config" in flags.FLAGS and any(a.startswith("--config.") for a in own):
-    config, path = _load_config(own)
+  if "config" in flag_values and any(a.startswith("--config.") for a in own):
+    config, path = _load_config(own, flag_values)
     for arg in [a for a in own if a.startswith("--config.")]:
       if _has_path(config, _override_path(arg)):
         continue
@@ -64,12 +64,12 @@ def _parse_flags(argv: list[str]) -> list[str]:
   # ml_collections reads its overrides from sys.argv itself: the added ones must leave it too.
   sys.argv[:] = [a for i, a in enumerate(sys.argv) if a not in added or "--" in sys.argv[:i]]
   try:
-    rest = flags.FLAGS([a for i, a in enumerate(argv) if a not in added or "--" in argv[:i]])
+    rest = flag_values([a for i, a in enumerate(argv) if a not in added or "--" in argv[:i]])
   except flags.Error as e:
     lines = [line for line in str(e).splitlines() if line.strip()]
     raise SystemExit(f"{lines[0]} {lines[-1]}" if len(lines) > 1 else lines[0]) from None
   for arg in added:
-    _set_field(flags.FLAGS["config"].value, arg)
+    _set_field(flag_values["config"].value, arg)
   return rest
 
 
@@ -77,11 +77,11 @@ def _override_path(arg: str) -> tuple[str, ...]:
   return tuple(arg[len("--config."):].split("=", 1)[0].split("."))
 
 
-def _load_config(argv: list[str]):
+def _load_config(argv: list[str], flag_values: flags.FlagValues):
   """The config file the command line names (`--config=path[:variant]`), loaded, and its path."""
   spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
   if spec is None:
-    spec = flags.FLAGS["config"].default_as_str.strip("'")
+    spec = flag_values["config"].default_as_str.strip("'")
   path, _, variant = spec.partition(":")
   module_spec = importlib.util.spec_from_file_location("_config", path)
   module = importlib.util.module_from_spec(module_spec)

@@ -8,10 +8,15 @@ import sys
 
 import ml_collections
 import pytest
+from absl import flags
+from ml_collections import config_flags
 
 from experiments import launch
-from experiments.configs import tiny_baseline
+from experiments.configs import tiny_baseline, tiny_tlt
 from tests.conftest import FAST_COMPILE
+from tlt_jax.errors import ConfigError
+from tlt_jax.rl.config import run_config
+from tlt_jax.rl.run import build_trainer, run_stages
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,35 +60,48 @@ def test_bad_config_value_is_a_clear_error_before_work(tmp_path):
   assert not os.listdir(tmp_path)
 
 
-def test_a_bad_command_line_is_one_line_naming_the_key_and_the_nearest_known_one():
-  for override, expect in (("--config.train.lrr=1", "config.train has no key 'lrr'; did you mean "
-                                                    "config.train.lr?"),
-                           ("--config.train.lr=abc", "--config.train.lr=abc: could not convert")):
-    proc = run_module("experiments.sft_warmstart",
-                      "--config=experiments/configs/sft_tiny.py:small", override)
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr and expect in proc.stderr.strip().splitlines()[-1]
-  proc = run_module("experiments.sft_warmstart", "--config=experiments/configs/sft_tiny.py:smal")
+def test_a_bad_command_line_is_one_line_naming_the_key_and_the_nearest_known_one(monkeypatch):
+  """A launcher process for the wiring; then the launcher's flag parsing in-process, over its
+  own flags, for a value that does not parse and a variant the config file lacks."""
+  proc = run_module("experiments.sft_warmstart", "--config=experiments/configs/sft_tiny.py:small",
+                    "--config.train.lrr=1")
   assert proc.returncode != 0 and "Traceback" not in proc.stderr
-  assert "Unknown variant 'smal'" in proc.stderr.strip().splitlines()[-1]
+  assert ("config.train has no key 'lrr'; did you mean config.train.lr?"
+          in proc.stderr.strip().splitlines()[-1])
+  for config, override, expect in (
+      ("sft_tiny.py:small", "--config.train.lr=abc", "--config.train.lr=abc: could not convert"),
+      ("sft_tiny.py:smal", None, "Unknown variant 'smal'")):
+    own = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", "experiments/configs/sft_tiny.py", flag_values=own)
+    argv = ["sft_warmstart", f"--config=experiments/configs/{config}", *filter(None, [override])]
+    monkeypatch.setattr(sys, "argv", list(argv))  # ml_collections reads overrides from there
+    with pytest.raises(SystemExit) as e:
+      launch._parse_flags(argv, own)
+    assert expect in str(e.value) and "\n" not in str(e.value)
 
 
 def test_a_bad_run_setting_is_one_line_before_any_work(tmp_path):
-  """Checked before the warm start loads: a bad value, an unknown learner or workload."""
-  for override, expect in (("--config.rollout.temperature=-1.0",
-                            "config.rollout: temperature must be >= 0"),
-                           ("--config.rl.learner=gpso", "config.rl.learner='gpso' is not a "
-                                                        "learner; available: dapo, grpo, gspo"),
-                           ("--config.model.name=tinny", "(did you mean 'tiny'?)"),
-                           ("--config.rl.optim.lr=0.0", "config.rl.optim: lr must be > 0"),
-                           ("--config.train.mini_batchs=2", "config.train has no key "
-                            "'mini_batchs'; did you mean config.train.mini_batches?")):
-    proc = run_module("experiments.train_grpo",
-                      "--config=experiments/configs/tiny_baseline.py:small",
-                      f"--config.out_dir={tmp_path}/run", override)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert expect in proc.stderr.strip().splitlines()[-1]
-    assert not os.path.exists(tmp_path / "run")
+  """Checked before the warm start loads: a bad value, an unknown learner or workload. One
+  launcher process shows the wiring (one line, no traceback, no run directory); the other
+  settings are checked in-process, where `run_config` raises what that line prints."""
+  proc = run_module("experiments.train_grpo", "--config=experiments/configs/tiny_baseline.py:small",
+                    f"--config.out_dir={tmp_path}/run", "--config.rollout.temperature=-1.0")
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert "config.rollout: temperature must be >= 0" in proc.stderr.strip().splitlines()[-1]
+  for arg, expect in (
+      ("--config.rl.learner=gpso", "config.rl.learner='gpso' is not a learner; available: dapo, "
+                                   "grpo, gspo"),
+      ("--config.model.name=tinny", "(did you mean 'tiny'?)"),
+      ("--config.rl.optim.lr=0.0", "config.rl.optim: lr must be > 0")):
+    c = tiny_baseline.get_config("small")
+    c.out_dir = str(tmp_path / "run")
+    launch._set_field(c, arg)
+    with pytest.raises(ConfigError) as e:
+      run_config(c, other_keys=("sweep",))
+    assert expect in str(e.value) and "\n" not in str(e.value)
+  assert "config.train has no key 'mini_batchs'; did you mean config.train.mini_batches?" in (
+      launch._unknown_key(c, "--config.train.mini_batchs=2", "f"))
+  assert not os.path.exists(tmp_path / "run")
 
 
 def test_an_override_of_a_schema_field_is_checked_and_typed():
@@ -129,21 +147,26 @@ def test_the_command_line_sets_fields_the_config_file_does_not_mention(tmp_path)
 
 def test_a_layout_the_devices_cannot_hold_is_one_line(tmp_path):
   """Checked when the trainer is built, before its warm-up, against the devices this process
-  has (one here)."""
-  for override, expect in (("--config.train.mesh_shape=(2, 1)",
-                            "config.train.mesh_shape=(2, 1): A mesh of data=2 x fsdp=1 x tp=1 "
-                            "needs 2 devices per process but 1 are visible"),
-                           ("--config.rollout.engine.num_shards=2",
-                            "config.rollout.engine: num_shards=2 x 1 device(s) per shard needs 2 "
-                            "devices but 1 are visible"),
-                           ("--config.train.micro_batches=3",
-                            "64 rows do not split into 1 mini-batch(es) of 3 micro-batch(es) over "
-                            "the update's 1 devices")):
-    proc = run_module("experiments.train_grpo",
-                      "--config=experiments/configs/tiny_tlt.py:scale",
-                      f"--config.out_dir={tmp_path}/run", override)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert expect in proc.stderr.strip().splitlines()[-1]
+  has (one here); in-process, where `build_trainer` raises the `ConfigError` a launcher prints as
+  its last line (the launcher's wiring: the test above)."""
+  stages = None
+  for arg, expect in (("--config.train.mesh_shape=(2, 1)",
+                       "config.train.mesh_shape=(2, 1): A mesh of data=2 x fsdp=1 x tp=1 needs 2 "
+                       "devices per process but 1 are visible"),
+                      ("--config.rollout.engine.num_shards=2",
+                       "config.rollout.engine: num_shards=2 x 1 device(s) per shard needs 2 "
+                       "devices but 1 are visible"),
+                      ("--config.train.micro_batches=3",
+                       "64 rows do not split into 1 mini-batch(es) of 3 micro-batch(es) over the "
+                       "update's 1 devices")):
+    c = tiny_tlt.get_config("scale")
+    c.out_dir = str(tmp_path / "run")
+    launch._set_field(c, arg)
+    rc = run_config(c, other_keys=("sweep",))
+    stages = stages or run_stages(rc, progress=False)
+    with pytest.raises(ConfigError) as e:
+      build_trainer(rc, progress=False, stages=stages)
+    assert expect in str(e.value) and "\n" not in str(e.value)
 
 
 def test_the_gpu_benchmark_stops_at_once_without_a_gpu(tmp_path):

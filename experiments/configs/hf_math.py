@@ -33,17 +33,19 @@ VARIANTS = ("tlt", "small", "drafter", "qwen2p5_1p5b_8xh100", "qwen2p5_7b_64xh10
 
 def _recipe(c: ml_collections.ConfigDict, name: str) -> None:
   """A GPU recipe's layout (module docstring): bf16 compute and cache over float32 masters,
-  one rollout shard per device (1.5B) or per pair (7B, tp = 2), the update fully sharded within
-  each host, one row of up to 512 + 8192 tokens per device per micro-batch, rematerialised.
+  one rollout shard per device (1.5B) or per pair (7B, tp = 2) with a KV cache budget that sets
+  its batch (64 rows in 16 GB; 16 rows in 4 GB), the update fully sharded within each host, one
+  row of up to 512 + 8192 tokens per device per micro-batch, rematerialised.
   The 7B recipe does not fit today: each process's first device also holds the whole policy
   that the rollout reads (`distributed.local_copy`, 30 GB in float32); docs/SCALING.md."""
   big = name == "qwen2p5_7b_64xh100"
   c.model.compute_dtype = "bfloat16"  # over float32 masters (the default param_dtype)
   c.rollout.max_new_tokens = 8192
   c.rollout.engine.update(dict(prefill_buckets=(128, 256, 512), max_prompt_len=512,
-                               cache_dtype="bfloat16", num_shards=4 if big else 8))
-  if big:  # else 64 rows per shard, its default buckets
-    c.rollout.engine.update(dict(tp=2, max_batch=16, batch_buckets=(1, 2, 4, 8, 16)))
+                               cache_dtype="bfloat16", num_shards=4 if big else 8,
+                               kv_cache_gb=4.0 if big else 16.0))  # 0.25 GB per row
+  if big:  # else its default buckets
+    c.rollout.engine.update(dict(tp=2, batch_buckets=(1, 2, 4, 8, 16)))
   # train.mesh_shape is per process (the data axis spans the processes).
   c.train.update(dict(prompts_per_step=256 if big else 64, mesh_shape=(1, 8, 1),
                       mini_batches=8 if big else 4, micro_batches=4 if big else 16,

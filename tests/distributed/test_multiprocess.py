@@ -30,12 +30,16 @@ REPLAYING = ("--config.train.num_prompts=16", "--config.rollout.noise=prompt",
              "--config.rollout.history.max_tokens=100000", "--config.rollout.history.chunk=4")
 
 
-def _env(process: int | None = None, port: int = 0, devices: int = 0) -> dict:
-  """The test's environment under XLA's default flags (the runs are update-bound, which the
-  suite's cheap LLVM level slows: `test_launchers.run_module`); with `process`, as
-  launch_local gives process `process` of 2 with `devices` fake CPU devices."""
+def _env(process: int | None = None, port: int = 0, devices: int = 0,
+         fast_compile: bool = False) -> dict:
+  """The test's environment, under XLA's default flags unless `fast_compile` (the training runs
+  are update-bound, which the suite's cheap LLVM level slows: `test_launchers.run_module`; a
+  rollout or a start that stops is compile-bound); with `process`, as launch_local gives
+  process `process` of 2 with `devices` fake CPU devices."""
   env = process_env(process, 2, port, devices) if process is not None else dict(os.environ)
-  flags = env.get("XLA_FLAGS", "").replace(FAST_COMPILE, "").strip()
+  flags = env.get("XLA_FLAGS", "")
+  if not fast_compile:
+    flags = flags.replace(FAST_COMPILE, "").strip()
   return dict(env, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", XLA_FLAGS=flags)
 
 
@@ -53,9 +57,11 @@ def _run(command: list[str], timeout: int, env=None) -> subprocess.CompletedProc
   return subprocess.CompletedProcess(command, proc.returncode, out, "")
 
 
-def _launch(n: int, *command: str, devices: int = 0, timeout: int = 900):
+def _launch(n: int, *command: str, devices: int = 0, timeout: int = 900,
+            fast_compile: bool = False):
   return _run([PY, "-m", "experiments.launch_local", f"--num_processes={n}",
-               f"--devices_per_process={devices}", "--", *command], timeout, _env())
+               f"--devices_per_process={devices}", "--", *command], timeout,
+              _env(fast_compile=fast_compile))
 
 
 def _json_of(out: str, prefix: str = "") -> dict:
@@ -64,9 +70,9 @@ def _json_of(out: str, prefix: str = "") -> dict:
 
 
 def test_a_rollout_spread_over_processes_gives_the_tokens_of_one_process():
-  one = _run([PY, "-m", "tests.distributed.rollout_worker"], 300)
+  one = _run([PY, "-m", "tests.distributed.rollout_worker"], 300, _env(fast_compile=True))
   assert one.returncode == 0, one.stdout[-3000:]
-  two = _launch(2, PY, "-m", "tests.distributed.rollout_worker", timeout=300)
+  two = _launch(2, PY, "-m", "tests.distributed.rollout_worker", timeout=300, fast_compile=True)
   assert two.returncode == 0, two.stdout[-3000:]
   a, b = _json_of(one.stdout), _json_of(two.stdout, "[p0] ")
   assert (a["processes"], b["processes"]) == (1, 2)
@@ -85,7 +91,7 @@ def test_processes_started_with_different_configs_stop_with_one_line():
   procs = [subprocess.Popen(
       [PY, "-m", "experiments.train_grpo", *SCALE, f"--config.seed={7 + i}",
        "--config.out_dir=/nonexistent/never-written"],
-      cwd=ROOT, env=_env(i, port),
+      cwd=ROOT, env=_env(i, port, fast_compile=True),
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
       for i in range(2)]
   try:
@@ -105,7 +111,7 @@ def test_an_unreachable_coordinator_is_one_line_within_the_timeout():
   t0 = time.monotonic()
   proc = _run([PY, "-m", "experiments.train_grpo", *SCALE,
                "--config.distributed.initialization_timeout_s=5"], 120,
-              env=_env(1, free_port()))
+              env=_env(1, free_port(), fast_compile=True))
   assert proc.returncode != 0
   assert "Could not join the process group through the coordinator at 127.0.0.1:" in proc.stdout
   assert "Traceback" not in proc.stdout and time.monotonic() - t0 < 60
@@ -113,7 +119,7 @@ def test_an_unreachable_coordinator_is_one_line_within_the_timeout():
 
 def test_a_process_count_that_does_not_split_the_prompts_is_one_line():
   proc = _launch(2, PY, "-m", "experiments.train_grpo", *SCALE,
-                 "--config.train.prompts_per_step=5", timeout=300)
+                 "--config.train.prompts_per_step=5", timeout=300, fast_compile=True)
   assert proc.returncode != 0
   assert "loop.prompts_per_step=5 does not split evenly over the 2 processes" in proc.stdout
   assert "Traceback" not in proc.stdout

@@ -1,6 +1,8 @@
 """The memory plan (`tlt_jax/rl/memory.py`): exact parameter bytes from abstract shapes, the GPU
 recipes planned on CPU, and the one-line error of a run that cannot fit its devices."""
 
+import dataclasses
+
 import jax
 import pytest
 from flax import nnx
@@ -11,7 +13,8 @@ from tlt_jax.models import init_model
 from tlt_jax.models.config import PRESETS
 from tlt_jax.rl import run
 from tlt_jax.rl.config import run_config
-from tlt_jax.rl.memory import GB, PlanTarget
+from tlt_jax.models.kv_cache import init_cache
+from tlt_jax.rl.memory import GB, PlanTarget, kv_bytes_per_row
 
 
 def _plan(variant, **train):
@@ -57,3 +60,29 @@ def test_a_run_that_cannot_fit_its_device_is_one_line(monkeypatch):
   with pytest.raises(ConfigError, match=r"needs \d+\.\d GB per device and the device has 2\.0 GB;"
                                         r" the largest part is update activations"):
     run.check_fits(rc, run.planned_shape(rc), 8192)
+
+
+def test_a_kv_budget_sets_max_batch_to_the_largest_bucket_that_fits(capsys):
+  """`rollout.engine.kv_cache_gb`: the row bytes are the engine's cache's (from its abstract
+  shapes), the largest fitting bucket becomes `max_batch` (printed, and planned), and a budget
+  below the smallest bucket is one line."""
+  c = tiny_baseline.get_config("small")
+  c.rollout.max_new_tokens = 16
+  rc = run_config(c)
+  cfg, cache_len = PRESETS["tiny"], run._planned_prompt(rc) + 16 + rc.engine.cache_slack
+  cache = jax.eval_shape(lambda: init_cache(cfg, 8, cache_len, "float32"))
+  row = sum(x.size * x.dtype.itemsize for x in (*cache.k, *cache.v)) / 8
+  assert kv_bytes_per_row(cfg, rc.engine, cache_len, "float32") == row
+  buckets = (1, 2, 4, 8)
+  rc = dataclasses.replace(rc, engine=dataclasses.replace(rc.engine, batch_buckets=buckets,
+                                                          max_batch=8))
+  for budget, expect in ((4 * row, 4), (4 * row - 1, 2), (100 * row, 8)):
+    rc = dataclasses.replace(rc, engine=dataclasses.replace(rc.engine, kv_cache_gb=budget / GB))
+    assert run.engine_for(rc, cfg, 16).max_batch == expect
+    assert f"kv_cache_gb={budget / GB:g}: max_batch={expect} " in capsys.readouterr().out
+    kv = dict((n, b) for n, b, _ in run.plan_for(rc, cfg, PlanTarget(device_gb=1.0)).rows)
+    assert kv["KV cache"] == expect * row
+  rc = dataclasses.replace(rc, engine=dataclasses.replace(rc.engine, kv_cache_gb=row / GB / 2))
+  with pytest.raises(ConfigError, match=r"kv_cache_gb=\S+ holds no batch bucket: one row's KV "
+                                        r"cache \(\d+ slots\) is 0\.\d+ GB"):
+    run.engine_for(rc, cfg, 16)

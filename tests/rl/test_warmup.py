@@ -29,7 +29,7 @@ def test_no_step_compiles_after_warm_up(tmp_path):
   arms = (Strategy("eagle", 3, 0), Strategy("suffix", 2, 2), Strategy("plain", 1, 0))
   tr = Trainer(w, LoopConfig(str(tmp_path), steps=4, prompts_per_step=4, group_size=4,
                              eval_every=2, eval_group_size=2, micro_batches=2),
-               engine_cfg=EngineConfig(prefill_buckets=(4, 8, 16), batch_buckets=(1, 2, 4, 8, 16),
+               engine_cfg=EngineConfig(prefill_buckets=(4, 8, 16), batch_buckets=(1, 4, 16),
                                        max_batch=16, steps_per_dispatch=3),
                learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                spec=SpecConfig(threshold=16, arms=arms, min_accept_len=0.0),

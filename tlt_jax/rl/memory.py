@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
+from tlt_jax.errors import ConfigError
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.sharding import FSDP, TP, logical_axes, spec
 from tlt_jax.models.transformer import abstract_model
@@ -131,9 +132,8 @@ def plan_memory(cfg: ModelConfig, loop: LoopConfig, engine: EngineConfig, *, par
   act, act_how = _activations(cfg, rows_per_device, tokens, tp, loop.remat, width)
   shard = {TP: engine.tp}
   cache_len = tokens + engine.cache_slack
-  cache_width = jnp.dtype(engine.cache_dtype or compute_dtype).itemsize
-  kv = (engine.max_batch * cache_len * cfg.n_layers * 2 * (cfg.n_kv_heads / engine.tp) * cfg.hd
-        * cache_width)
+  engine = sized_engine(engine, cfg, cache_len, compute_dtype)
+  kv = engine.max_batch * kv_bytes_per_row(cfg, engine, cache_len, compute_dtype)
   decode = engine.max_batch * (3 * cfg.vocab_size * 4 + cfg.n_heads / engine.tp * cache_len * 4)
   rows = [
       ("parameters", master, f"{param_dtype}, split over fsdp={fsdp} x tp={tp}"),
@@ -157,6 +157,31 @@ def plan_memory(cfg: ModelConfig, loop: LoopConfig, engine: EngineConfig, *, par
     rows.append(("gathered policy", sharded_bytes(abstract, {}),
                  "the whole policy on each process's first device (distributed.local_copy)"))
   return MemoryPlan(tuple(rows), target.device_gb * GB)
+
+
+def kv_bytes_per_row(cfg: ModelConfig, engine: EngineConfig, cache_len: int,
+                     compute_dtype: str) -> float:
+  """One row's policy KV cache on one device of a rollout shard: k and v of every layer over
+  `cache_len` slots, the kv heads split over the shard's `tp`, in the cache dtype."""
+  width = jnp.dtype(engine.cache_dtype or compute_dtype).itemsize
+  return cache_len * cfg.n_layers * 2 * (cfg.n_kv_heads / engine.tp) * cfg.hd * width
+
+
+def sized_engine(engine: EngineConfig, cfg: ModelConfig, cache_len: int,
+                 compute_dtype: str) -> EngineConfig:
+  """`engine` with `max_batch` the largest batch bucket whose KV cache fits `kv_cache_gb` (as
+  given where that is 0); a one-line error where even the smallest bucket does not fit."""
+  if not engine.kv_cache_gb:
+    return engine
+  row = kv_bytes_per_row(cfg, engine, cache_len, compute_dtype)
+  fitting = [b for b in engine.batch_buckets if b * row <= engine.kv_cache_gb * GB]
+  if not fitting:
+    raise ConfigError(
+        f"config.rollout.engine.kv_cache_gb={engine.kv_cache_gb:g} holds no batch bucket: one "
+        f"row's KV cache ({cache_len} slots) is {row / GB:.3f} GB and the smallest bucket has "
+        f"{engine.batch_buckets[0]} row(s); raise kv_cache_gb, or lower rollout.max_new_tokens "
+        "or the prefill buckets.")
+  return dataclasses.replace(engine, max_batch=fitting[-1])
 
 
 def device_limit_bytes(device) -> float | None:

@@ -21,9 +21,11 @@ from tlt_jax.errors import ConfigError
 from tlt_jax.models.config import PRESETS, SHAPES, ModelConfig, get_shape
 from tlt_jax.models.pretrained import config_from_hf
 from tlt_jax.rl.config import RunConfig
-from tlt_jax.rl.memory import GB, MemoryPlan, PlanTarget, device_limit_bytes, plan_memory
+from tlt_jax.rl.memory import (GB, MemoryPlan, PlanTarget, device_limit_bytes, plan_memory,
+                               sized_engine)
 from tlt_jax.rl.metrics import write_run_record
-from tlt_jax.rl.trainer import Trainer
+from tlt_jax.rl.trainer import Trainer, check_split
+from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.sft import default_cache_dir
 from tlt_jax.workloads import build_drafter, build_workload, fitting, starting_policy
 
@@ -42,7 +44,9 @@ def run_stages(rc: RunConfig, progress: bool = True) -> Stages:
   `[run]` line: the starting policy (`tiny`: the SFT warm start) and the warm-up drafter when an
   arm drafts with one. Each is shipped, cached or trained and cached, so a second run loads them.
   (The trainer's own warm-up, which builds every program a step runs, starts its `run`.)
-  With several processes, process 0 builds them first and the others then load them."""
+  With several processes, process 0 builds them first and the others then load them; a step's
+  prompts that do not split over the processes stop every process first."""
+  check_split("loop.prompts_per_step", rc.loop.prompts_per_step)
   if not distributed.is_writer():
     distributed.barrier("stages")
   stages = _stages(rc, progress and distributed.is_writer())
@@ -94,12 +98,28 @@ def plan_for(rc: RunConfig, cfg: ModelConfig, target: PlanTarget, max_new_tokens
   if new < 1:
     raise ConfigError("config.rollout.max_new_tokens: set it to plan the run's memory (the "
                       "task's own maximum is known only once its data loads).")
-  prompt = rc.engine.max_prompt_len or rc.engine.prefill_buckets[-1]
   precision = rc.workload.precision
   return plan_memory(cfg, rc.loop, rc.engine, param_dtype=precision.param_dtype,
-                     compute_dtype=precision.compute_dtype, prompt_len=prompt,
+                     compute_dtype=precision.compute_dtype, prompt_len=_planned_prompt(rc),
                      max_new_tokens=new, target=target,
                      drafter=rc.drafter.model if rc.drafter is not None else None)
+
+
+def _planned_prompt(rc: RunConfig) -> int:
+  """The prompt length a run's memory is planned for: the engine's longest prompt."""
+  return rc.engine.max_prompt_len or rc.engine.prefill_buckets[-1]
+
+
+def engine_for(rc: RunConfig, cfg: ModelConfig, max_new_tokens: int, progress: bool = True
+               ) -> EngineConfig:
+  """The run's engine settings with `max_batch` sized by `rollout.engine.kv_cache_gb` where it
+  is set (reported in one `[run]` line)."""
+  cache_len = _planned_prompt(rc) + max_new_tokens + rc.engine.cache_slack
+  engine = sized_engine(rc.engine, cfg, cache_len, rc.workload.precision.compute_dtype)
+  if progress and rc.engine.kv_cache_gb and distributed.is_writer():
+    print(f"[run] rollout.engine.kv_cache_gb={rc.engine.kv_cache_gb:g}: max_batch="
+          f"{engine.max_batch} ({cache_len} cache slots per row)", flush=True)
+  return engine
 
 
 def check_fits(rc: RunConfig, cfg: ModelConfig, max_new_tokens: int) -> MemoryPlan | None:
@@ -133,6 +153,7 @@ def build_trainer(rc: RunConfig, progress: bool = True, stages: Stages | None = 
                 w.model.cfg.max_seq_len - w.params.max_new_tokens - rc.engine.cache_slack)
   w = fitting(w, longest, "training")
   check_fits(rc, w.model.cfg, w.params.max_new_tokens)
+  engine = engine_for(rc, w.model.cfg, w.params.max_new_tokens, progress)
   eval_prompts = eval_answers = None
   if rc.loop.eval_every:
     held_out = fitting(build_workload(rc.workload, rc.eval_prompts, rc.seed + 7919,
@@ -142,9 +163,9 @@ def build_trainer(rc: RunConfig, progress: bool = True, stages: Stages | None = 
   costs = None
   if rc.spec is not None and rc.spec.chooser == "cost":  # measured once per machine, cached
     cache_len = longest + w.params.max_new_tokens + rc.spec.max_written + 1
-    costs, _ = cost_table_for(w.model, stages.drafter, rc.spec, rc.engine.batch_buckets,
+    costs, _ = cost_table_for(w.model, stages.drafter, rc.spec, engine.batch_buckets,
                               cache_len, rc.workload.cache_dir or default_cache_dir())
-  return Trainer(w, rc.loop, engine_cfg=rc.engine, learner=rc.learner, optim=rc.optim,
+  return Trainer(w, rc.loop, engine_cfg=engine, learner=rc.learner, optim=rc.optim,
                  spec=rc.spec, drafter=stages.drafter, adaptive=rc.adaptive, costs=costs,
                  eval_prompts=eval_prompts, eval_answers=eval_answers, replay=rc.replay)
 

@@ -107,18 +107,24 @@ class LoopConfig:
     check_loggers(self.loggers)
 
 
+def check_split(what: str, n: int) -> None:
+  """A one-line error where `n` prompts (the setting `what`) do not split evenly over the
+  processes: each generates an equal share."""
+  procs = jax.process_count()
+  if n % procs:
+    raise ConfigError(f"{what}={n} does not split evenly over the {procs} processes (each "
+                      f"generates an equal share); use a multiple of {procs}.")
+
+
 def check_layout(loop: LoopConfig, engine_cfg: EngineConfig, pool: list, eval_prompts):
   """The update's mesh and the prompts' prefill bucket; raises a one-line error where the
   loop's layout does not fit the prompts, the processes or the devices."""
-  procs, rows = jax.process_count(), loop.prompts_per_step * loop.group_size
+  rows = loop.prompts_per_step * loop.group_size
   if loop.prompts_per_step > len(pool):
     raise ValueError(f"prompts_per_step={loop.prompts_per_step} exceeds the prompt pool "
                      f"({len(pool)}); raise num_prompts or lower prompts_per_step.")
-  for what, n in (("loop.prompts_per_step", loop.prompts_per_step),
-                  ("eval_prompts", len(eval_prompts or []))):
-    if n % procs:
-      raise ConfigError(f"{what}={n} does not split evenly over the {procs} processes (each "
-                        f"generates an equal share); use a multiple of {procs}.")
+  check_split("loop.prompts_per_step", loop.prompts_per_step)
+  check_split("eval_prompts", len(eval_prompts or []))
   longest = max(len(p) for p in pool)
   try:
     bucket = bucket_for(longest, engine_cfg.prefill_buckets)
@@ -135,7 +141,7 @@ def check_layout(loop: LoopConfig, engine_cfg: EngineConfig, pool: list, eval_pr
     raise ConfigError(
         f"config.train: prompts_per_step x group_size = {rows} rows do not split into "
         f"{loop.mini_batches} mini-batch(es) of {loop.micro_batches} micro-batch(es) over the "
-        f"update's {mesh.devices.size} devices ({procs} process(es) x mesh_shape "
+        f"update's {mesh.devices.size} devices ({jax.process_count()} process(es) x mesh_shape "
         f"{tuple(loop.mesh_shape)}); use a multiple of {split} rows.")
   return mesh, bucket
 

@@ -86,11 +86,14 @@ class EngineConfig:
   # The policy's KV cache dtype (`models/precision.py`); empty: the model's compute dtype. The
   # draft model's one-layer cache is always in the compute dtype.
   cache_dtype: str = ""
+  # GB (1e9 bytes) per device for the policy's KV cache; 0: `max_batch` as given. Set, a run's
+  # `max_batch` becomes the largest batch bucket whose cache fits (`rl.memory.sized_engine`).
+  kv_cache_gb: float = 0.0
 
   def __post_init__(self):
     if sorted(self.batch_buckets) != list(self.batch_buckets) or self.batch_buckets[0] < 1:
       raise ValueError(f"batch_buckets must be increasing positive ints, got {self.batch_buckets}.")
-    if self.max_batch > self.batch_buckets[-1]:
+    if not self.kv_cache_gb and self.max_batch > self.batch_buckets[-1]:
       raise ValueError(f"max_batch={self.max_batch} is not covered by batch_buckets "
                        f"{self.batch_buckets}; add a bucket >= {self.max_batch}.")
     if min(self.steps_per_dispatch, self.num_shards, self.tp) < 1 or self.cache_slack < 0:
@@ -102,6 +105,8 @@ class EngineConfig:
       raise ValueError(f"drafter_follow must be 'lazy' or 'eager', got {self.drafter_follow!r}.")
     if self.attention not in ("auto", *IMPLS):
       raise ValueError(f"attention must be 'auto', 'xla' or 'pallas', got {self.attention!r}.")
+    if self.kv_cache_gb < 0:
+      raise ValueError(f"kv_cache_gb must be >= 0 (0: max_batch as given), got {self.kv_cache_gb}.")
     if self.cache_dtype not in ("", *DTYPES):
       raise ValueError(f"cache_dtype must be '' (the compute dtype) or one of {DTYPES}, got "
                        f"{self.cache_dtype!r}.")
