@@ -2,6 +2,7 @@
 recipes planned on CPU, and the one-line error of a run that cannot fit its devices."""
 
 import dataclasses
+import re
 
 import jax
 import pytest
@@ -86,3 +87,15 @@ def test_a_kv_budget_sets_max_batch_to_the_largest_bucket_that_fits(capsys):
   with pytest.raises(ConfigError, match=r"kv_cache_gb=\S+ holds no batch bucket: one row's KV "
                                         r"cache \(\d+ slots\) is 0\.\d+ GB"):
     run.engine_for(rc, cfg, 16)
+
+
+def test_the_plan_is_checked_and_said_in_one_line_where_the_run_is_built(monkeypatch):
+  """Without a device limit (CPU) the plan has none and fits; with one it is compared."""
+  rc = run_config(tiny_baseline.get_config("small"))
+  plan = run.check_fits(rc, PRESETS["tiny"], 16)
+  assert plan.fits and plan.summary()["limit_gb"] is None
+  assert "GB per device (the device reports no limit), most of it " in run.plan_line(plan)
+  monkeypatch.setattr(run, "device_limit_bytes", lambda device: 80e9)
+  line = run.plan_line(run.check_fits(rc, PRESETS["tiny"], 16))
+  assert re.fullmatch(r"\[run\] memory plan: \S+ GB per device of 80\.0 GB, most of it [a-z ]+ "
+                      r"\(\S+ GB\); python -m experiments.plan_memory prints the table", line)

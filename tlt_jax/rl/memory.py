@@ -83,10 +83,12 @@ class MemoryPlan:
     return "\n".join(lines)
 
   def summary(self) -> dict:
-    """Per-device figures in GB and `fits` (computed, not measured)."""
+    """Per-device figures in GB and `fits` (computed, not measured); `limit_gb` is null where
+    the device reports no limit."""
     return {"gb_per_device": {name: round(b / GB, 3) for name, b, _ in self.rows},
             "total_gb": round(self.total_bytes / GB, 3),
-            "limit_gb": round(self.limit_bytes / GB, 3), "fits": self.fits,
+            "limit_gb": round(self.limit_bytes / GB, 3) if math.isfinite(self.limit_bytes)
+                        else None, "fits": self.fits,
             "computed": True}
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 
@@ -122,14 +123,13 @@ def engine_for(rc: RunConfig, cfg: ModelConfig, max_new_tokens: int, progress: b
   return engine
 
 
-def check_fits(rc: RunConfig, cfg: ModelConfig, max_new_tokens: int) -> MemoryPlan | None:
-  """The plan on this machine's devices; a one-line error, before any step, where the device
-  reports its memory and the plan exceeds it. None where the device reports none (CPU)."""
+def check_fits(rc: RunConfig, cfg: ModelConfig, max_new_tokens: int) -> MemoryPlan:
+  """The plan on this machine's devices, against the memory the device reports (none on CPU:
+  no limit); a one-line error, before any step, where the plan exceeds it."""
   limit = device_limit_bytes(jax.local_devices()[0])
-  if limit is None:
-    return None
   plan = plan_for(rc, cfg, PlanTarget(processes=jax.process_count(),
-                                      devices=jax.local_device_count(), device_gb=limit / GB),
+                                      devices=jax.local_device_count(),
+                                      device_gb=limit / GB if limit else math.inf),
                   max_new_tokens)
   if not plan.fits:
     name, most, _ = max(plan.rows, key=lambda r: r[1])
@@ -142,6 +142,15 @@ def check_fits(rc: RunConfig, cfg: ModelConfig, max_new_tokens: int) -> MemoryPl
   return plan
 
 
+def plan_line(plan: MemoryPlan) -> str:
+  """The plan in one `[run]` line: the total, its largest part and the device's memory."""
+  name, most, _ = max(plan.rows, key=lambda r: r[1])
+  of = (f"of {plan.limit_bytes / GB:.1f} GB" if math.isfinite(plan.limit_bytes)
+        else "(the device reports no limit)")
+  return (f"[run] memory plan: {plan.total_bytes / GB:.3g} GB per device {of}, most of it "
+          f"{name} ({most / GB:.3g} GB); python -m experiments.plan_memory prints the table")
+
+
 def build_trainer(rc: RunConfig, progress: bool = True, stages: Stages | None = None) -> Trainer:
   """The trainer of `rc` over its stages' products (`run_stages(rc)` when not given), with its
   workload and evaluation. Builds nothing that takes long."""
@@ -152,8 +161,10 @@ def build_trainer(rc: RunConfig, progress: bool = True, stages: Stages | None = 
   longest = min(rc.engine.prefill_buckets[-1],
                 w.model.cfg.max_seq_len - w.params.max_new_tokens - rc.engine.cache_slack)
   w = fitting(w, longest, "training")
-  check_fits(rc, w.model.cfg, w.params.max_new_tokens)
   engine = engine_for(rc, w.model.cfg, w.params.max_new_tokens, progress)
+  plan = check_fits(rc, w.model.cfg, w.params.max_new_tokens)
+  if progress and distributed.is_writer():
+    print(plan_line(plan), flush=True)
   eval_prompts = eval_answers = None
   if rc.loop.eval_every:
     held_out = fitting(build_workload(rc.workload, rc.eval_prompts, rc.seed + 7919,
