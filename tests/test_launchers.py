@@ -12,7 +12,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import launch
-from experiments.configs import tiny_baseline, tiny_tlt
+from experiments.configs import hf_math, tiny_baseline, tiny_tlt
 from tests.conftest import FAST_COMPILE
 from tlt_jax.errors import ConfigError
 from tlt_jax.rl.config import run_config
@@ -181,3 +181,21 @@ def test_the_gpu_benchmark_stops_at_once_without_a_gpu(tmp_path):
                         capture_output=True, text=True, timeout=60, env=env)
   assert make.returncode != 0 and "make bench-gpu needs an NVIDIA GPU" in make.stdout
   assert not os.path.exists(tmp_path / "venv")
+
+
+def test_the_slurm_template_is_bash_and_its_example_command_is_a_valid_run():
+  """`experiments/slurm/train.sbatch`: valid bash, and the command its header shows names a
+  recipe and only keys a run has (the recipe's settings pass `run_config`)."""
+  path = os.path.join(ROOT, "experiments", "slurm", "train.sbatch")
+  assert subprocess.run(["bash", "-n", path], capture_output=True).returncode == 0
+  text = open(path).read()
+  assert "srun --kill-on-bad-exit=1 .venv/bin/python -m experiments.train_grpo \"$@\"" in text
+  example = re.search(r"#   sbatch (.*?)\n#\n", text, re.S).group(1)
+  args = [a for a in example.replace("\\\n#", " ").split() if a.startswith("--config")]
+  config_path, variant = args[0].split("=", 1)[1].split(":")
+  assert config_path == "experiments/configs/hf_math.py"
+  c = hf_math.get_config(variant)
+  run_config(c)
+  for arg in args[1:]:
+    assert launch._has_path(c, launch._override_path(arg)) or not launch._unknown_key(
+        c, arg, config_path), arg
