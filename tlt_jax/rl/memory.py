@@ -180,7 +180,7 @@ def sized_engine(engine: EngineConfig, cfg: ModelConfig, cache_len: int,
   if not fitting:
     raise ConfigError(
         f"config.rollout.engine.kv_cache_gb={engine.kv_cache_gb:g} holds no batch bucket: one "
-        f"row's KV cache ({cache_len} slots) is {row / GB:.3f} GB and the smallest bucket has "
+        f"row's KV cache ({cache_len} slots) is {row / GB:.3g} GB and the smallest bucket has "
         f"{engine.batch_buckets[0]} row(s); raise kv_cache_gb, or lower rollout.max_new_tokens "
         "or the prefill buckets.")
   return dataclasses.replace(engine, max_batch=fitting[-1])
