@@ -124,7 +124,8 @@ class Programs:
     return "|".join([jax.__version__, repr(self.model_cfg), repr(self.model_cfg.llama3_rope),
                      repr(shapes), traced_source_digest(),
                      repr(self.pad_id), repr([m.devices.tolist() for m in self.meshes]),
-                     repr(self.cfg), repr(spec)])
+                     repr(self.cfg), repr(spec), repr((self.words, self.replay_chunk,
+                                                       self.attention, self.cache_dtype))])
 
   def _merge(self, weights):
     model = nnx.merge(self.graphdef, weights[0])
