@@ -260,16 +260,17 @@ def render_prompt(tok, e: Example, task: Mapping) -> list[int]:
 
 
 def fitting(w: Workload, longest: int, what: str) -> Workload:
-  """`w` without the prompts longer than `longest` tokens (the largest prefill bucket, or the
-  model's context less the response), saying how many were dropped; a one-line error when none
+  """`w` without the prompts longer than `longest` tokens (`rollout.engine.max_prompt_len`, the
+  largest prefill bucket, or the model's context less the response), saying how many were dropped; a one-line error when none
   is left."""
   keep = [i for i, p in enumerate(w.prompts) if len(p) <= longest]
   if len(keep) == len(w.prompts):
     return w
   if not keep:
-    raise ConfigError(f"Every {what} prompt is longer than {longest} tokens (the largest prefill "
-                      "bucket, or the model's context less max_new_tokens); raise "
-                      "config.rollout.engine.prefill_buckets or shorten the prompts.")
+    raise ConfigError(f"Every {what} prompt is longer than {longest} tokens (max_prompt_len, the "
+                      "largest prefill bucket, or the model's context less max_new_tokens); raise "
+                      "config.rollout.engine.prefill_buckets (or max_prompt_len) or shorten the "
+                      "prompts.")
   print(f"[run] dropped {len(w.prompts) - len(keep)} of {len(w.prompts)} {what} prompts longer "
         f"than {longest} tokens", flush=True)
   return dataclasses.replace(w, prompts=[w.prompts[i] for i in keep],

@@ -16,6 +16,7 @@ from tlt_jax.rl import run
 from tlt_jax.rl.config import run_config
 from tlt_jax.models.kv_cache import init_cache
 from tlt_jax.rl.memory import GB, PlanTarget, kv_bytes_per_row
+from tlt_jax.rollout.engine import RolloutEngine
 
 
 def _plan(variant, **train):
@@ -64,13 +65,18 @@ def test_a_run_that_cannot_fit_its_device_is_one_line(monkeypatch):
 
 
 def test_a_kv_budget_sets_max_batch_to_the_largest_bucket_that_fits(capsys):
-  """`rollout.engine.kv_cache_gb`: the row bytes are the engine's cache's (from its abstract
-  shapes), the largest fitting bucket becomes `max_batch` (printed, and planned), and a budget
+  """`rollout.engine.kv_cache_gb`: the row bytes are the engine's cache's (its layout's slots,
+  rounded up as the engine rounds them, from the cache's abstract shapes), the largest fitting bucket becomes `max_batch` (printed, and planned), and a budget
   below the smallest bucket is one line."""
   c = tiny_baseline.get_config("small")
   c.rollout.max_new_tokens = 16
+  c.rollout.engine.max_prompt_len = 20  # 32-token prefill bucket + 16 new: 64 slots
   rc = run_config(c)
-  cfg, cache_len = PRESETS["tiny"], run._planned_prompt(rc) + 16 + rc.engine.cache_slack
+  cfg = PRESETS["tiny"]
+  engine = RolloutEngine(init_model(cfg, seed=0), rc.engine)
+  longest = run.longest_prompt(rc, cfg, 16)
+  cache_len = engine.programs.layout(16, False, longest).cache_len
+  assert cache_len > longest + 16 + rc.engine.cache_slack  # rounded up
   cache = jax.eval_shape(lambda: init_cache(cfg, 8, cache_len, "float32"))
   row = sum(x.size * x.dtype.itemsize for x in (*cache.k, *cache.v)) / 8
   assert kv_bytes_per_row(cfg, rc.engine, cache_len, "float32") == row

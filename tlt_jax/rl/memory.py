@@ -36,6 +36,7 @@ from tlt_jax.models.sharding import FSDP, TP, logical_axes, spec
 from tlt_jax.models.transformer import abstract_model
 from tlt_jax.rl.trainer import LoopConfig
 from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.rollout.programs import cache_length
 
 GB = 1e9
 
@@ -133,7 +134,7 @@ def plan_memory(cfg: ModelConfig, loop: LoopConfig, engine: EngineConfig, *, par
   tokens = prompt_len + max_new_tokens
   act, act_how = _activations(cfg, rows_per_device, tokens, tp, loop.remat, width)
   shard = {TP: engine.tp}
-  cache_len = tokens + engine.cache_slack
+  cache_len = cache_length(engine, cfg.max_seq_len, prompt_len, max_new_tokens)
   engine = sized_engine(engine, cfg, cache_len, compute_dtype)
   kv = engine.max_batch * kv_bytes_per_row(cfg, engine, cache_len, compute_dtype)
   decode = engine.max_batch * (3 * cfg.vocab_size * 4 + cfg.n_heads / engine.tp * cache_len * 4)

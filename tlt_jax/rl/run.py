@@ -27,6 +27,7 @@ from tlt_jax.rl.memory import (GB, MemoryPlan, PlanTarget, device_limit_bytes, p
 from tlt_jax.rl.metrics import write_run_record
 from tlt_jax.rl.trainer import Trainer, check_split
 from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.rollout.programs import cache_length
 from tlt_jax.sft import default_cache_dir
 from tlt_jax.workloads import build_drafter, build_workload, fitting, starting_policy
 
@@ -101,21 +102,25 @@ def plan_for(rc: RunConfig, cfg: ModelConfig, target: PlanTarget, max_new_tokens
                       "task's own maximum is known only once its data loads).")
   precision = rc.workload.precision
   return plan_memory(cfg, rc.loop, rc.engine, param_dtype=precision.param_dtype,
-                     compute_dtype=precision.compute_dtype, prompt_len=_planned_prompt(rc),
-                     max_new_tokens=new, target=target,
+                     compute_dtype=precision.compute_dtype,
+                     prompt_len=longest_prompt(rc, cfg, new), max_new_tokens=new, target=target,
                      drafter=rc.drafter.model if rc.drafter is not None else None)
 
 
-def _planned_prompt(rc: RunConfig) -> int:
-  """The prompt length a run's memory is planned for: the engine's longest prompt."""
-  return rc.engine.max_prompt_len or rc.engine.prefill_buckets[-1]
+def longest_prompt(rc: RunConfig, cfg: ModelConfig, max_new_tokens: int) -> int:
+  """The longest prompt a run takes, and plans its memory for: `rollout.engine.max_prompt_len`
+  where set, else the largest prefill bucket, within the model's context beside the response."""
+  fits = min(rc.engine.prefill_buckets[-1],
+             cfg.max_seq_len - max_new_tokens - rc.engine.cache_slack)
+  return min(rc.engine.max_prompt_len or fits, fits)
 
 
 def engine_for(rc: RunConfig, cfg: ModelConfig, max_new_tokens: int, progress: bool = True
                ) -> EngineConfig:
   """The run's engine settings with `max_batch` sized by `rollout.engine.kv_cache_gb` where it
   is set (reported in one `[run]` line)."""
-  cache_len = _planned_prompt(rc) + max_new_tokens + rc.engine.cache_slack
+  cache_len = cache_length(rc.engine, cfg.max_seq_len, longest_prompt(rc, cfg, max_new_tokens),
+                           max_new_tokens)
   engine = sized_engine(rc.engine, cfg, cache_len, rc.workload.precision.compute_dtype)
   if progress and rc.engine.kv_cache_gb and distributed.is_writer():
     print(f"[run] rollout.engine.kv_cache_gb={rc.engine.kv_cache_gb:g}: max_batch="
@@ -157,9 +162,7 @@ def build_trainer(rc: RunConfig, progress: bool = True, stages: Stages | None = 
   stages = stages or run_stages(rc, progress)
   w = build_workload(rc.workload, rc.num_prompts, rc.seed, rc.workload.task["difficulty"],
                      policy=stages.policy)
-  # A prompt must fit the largest prefill bucket and, with its response, the model's context.
-  longest = min(rc.engine.prefill_buckets[-1],
-                w.model.cfg.max_seq_len - w.params.max_new_tokens - rc.engine.cache_slack)
+  longest = longest_prompt(rc, w.model.cfg, w.params.max_new_tokens)
   w = fitting(w, longest, "training")
   engine = engine_for(rc, w.model.cfg, w.params.max_new_tokens, progress)
   plan = check_fits(rc, w.model.cfg, w.params.max_new_tokens)

@@ -67,6 +67,16 @@ def bucket_for(n: int, buckets) -> int:
   raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}.")
 
 
+def cache_length(cfg, max_seq_len: int, longest: int, n: int) -> int:
+  """The KV cache slots of a row of an engine with settings `cfg` (`EngineConfig`) for prompts
+  up to `longest` tokens and `n` new tokens: the prompt bucket, the new tokens and the slack,
+  rounded up to a multiple of 64 (fewer layouts) within the model's context, and never fewer
+  than the tokens the row writes."""
+  need = longest + n + cfg.cache_slack
+  p = bucket_for(longest, cfg.prefill_buckets)
+  return max(min(-(-(p + n + cfg.cache_slack) // 64) * 64, max_seq_len), need)
+
+
 def distinct_prompts(prompt_idx: list[int], b: int, buckets):
   """The distinct prompts of a wave's rows (first-appearance order), the bucketed count `u` of
   prefill rows, and each slot's source row; no sharing (`u` == `b`) when it saves nothing."""
@@ -110,12 +120,12 @@ class Programs:
       raise ValueError(f"Prompt of {longest} tokens + max_new_tokens {n} + slack "
                        f"{self.cfg.cache_slack} = {need} exceeds the model context "
                        f"{self.model_cfg.max_seq_len}; shorten the prompt or max_new_tokens.")
-    cache_len = min(-(-(p + n + self.cfg.cache_slack) // 64) * 64, self.model_cfg.max_seq_len)
     # The rows' context (corpus, prompt), then the response, then the next token a proposer
     # drafts after; nothing when no proposer reads it.
     context_len = self.cfg.corpus_len + p + n + 1 if self.context_proposers else 0
-    return Layout(max(cache_len, need), n, capture_hidden or self.lazy_follow, context_len,
-                  self.words, self.replay_chunk > 0)
+    cache_len = cache_length(self.cfg, self.model_cfg.max_seq_len, longest, n)
+    return Layout(cache_len, n, capture_hidden or self.lazy_follow, context_len, self.words,
+                  self.replay_chunk > 0)
 
   def _fingerprint(self, spec) -> str:
     """What, besides the pool key, determines a compiled program: the source it traces, the
