@@ -151,8 +151,8 @@ def test_a_layout_the_devices_cannot_hold_is_one_line(tmp_path):
   its last line (the launcher's wiring: the test above)."""
   stages = None
   for arg, expect in (("--config.train.mesh_shape=(2, 1)",
-                       "config.train.mesh_shape=(2, 1): A mesh of data=2 x fsdp=1 x tp=1 needs 2 "
-                       "devices per process but 1 are visible"),
+                       "config.train.mesh_shape=(2, 1) on 1 process(es) x 1 device(s): A mesh of "
+                       "data=2 x fsdp=1 x tp=1 needs 2 devices but 1 are visible (1 process(es))"),
                       ("--config.rollout.engine.num_shards=2",
                        "config.rollout.engine: num_shards=2 x 1 device(s) per shard needs 2 "
                        "devices but 1 are visible"),

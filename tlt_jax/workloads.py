@@ -261,8 +261,8 @@ def render_prompt(tok, e: Example, task: Mapping) -> list[int]:
 
 def fitting(w: Workload, longest: int, what: str) -> Workload:
   """`w` without the prompts longer than `longest` tokens (`rollout.engine.max_prompt_len`, the
-  largest prefill bucket, or the model's context less the response), saying how many were dropped; a one-line error when none
-  is left."""
+  largest prefill bucket, or the model's context less the response), saying how many were
+  dropped; a one-line error when none is left."""
   keep = [i for i, p in enumerate(w.prompts) if len(p) <= longest]
   if len(keep) == len(w.prompts):
     return w

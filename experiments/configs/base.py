@@ -154,7 +154,8 @@ def distributed(**settings) -> CD:
 
 def train(**loop) -> CD:
   """The loop: `steps` of `prompts_per_step` prompts from a pool of `num_prompts` x `group_size`
-  samples; the update in `micro_batches` on a `mesh_shape` = (data, fsdp[, tp]) mesh; a checkpoint
+  samples; the update in `micro_batches` on a `mesh_shape` = (data, fsdp[, tp]) mesh over every
+  process's devices (-1: every device left; the default (-1, 1, 1) is data parallel); a checkpoint
   every `checkpoint_every` steps; `eval_prompts` held-out prompts x `eval_group_size` scored every
   `eval_every` steps (0: off); `export`: the final policy (and drafter) to out_dir/export."""
   return CD(dict(dict(steps=20, num_prompts=512, prompts_per_step=16, group_size=8,

@@ -38,6 +38,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.tlt = base.with_tlt(base.tiny_run("tiny_tlt", "small" if small else ""), small)
   for run in (c.baseline, c.tlt):
     run.rollout.engine.num_shards = 2
+    run.train.mesh_shape = (1, 1, 1)  # the update on the first device, as the demo's figures had it
     if not small:
       run.train.num_prompts = 50_000   # fresh prompts every step: a small pool gets memorised
       # Chains of 1-4 steps, where groups get mixed rewards: a pool of only 2-3 step chains

@@ -46,8 +46,8 @@ def _recipe(c: ml_collections.ConfigDict, name: str) -> None:
                                kv_cache_gb=4.0 if big else 16.0))  # 0.25 GB per row
   if big:  # else its default buckets
     c.rollout.engine.update(dict(tp=2, batch_buckets=(1, 2, 4, 8, 16)))
-  # train.mesh_shape is per process (the data axis spans the processes).
-  c.train.update(dict(prompts_per_step=256 if big else 64, mesh_shape=(1, 8, 1),
+  # The update's fsdp spans every device of every process (-1).
+  c.train.update(dict(prompts_per_step=256 if big else 64, mesh_shape=(1, -1, 1),
                       mini_batches=8 if big else 4, micro_batches=4 if big else 16,
                       remat="full" if big else "dots"))
   c.plan = CD(dict(shape="qwen2p5_7b" if big else "qwen2p5_1p5b", devices=8))  # 80 GB each

@@ -161,8 +161,9 @@ def test_the_tiny_tlt_loop_across_processes_is_the_run_of_one_process(tmp_path):
   """Coupled rule: per-step rewards identical, parameters equal up to reduction order (the
   bound `test_grpo` uses for one Adam step), nothing built after the warm-up, one record per
   step written (by process 0), every process verifying with the same drafter. 2 processes x 2
-  devices (data across processes, fsdp and two rollout shards within each) are killed after a
-  checkpoint, and the same command resumes them onto the steps of one process. Both replay
+  devices (the update's fsdp over all 4 across the processes, two rollout shards in each) are
+  killed after a checkpoint, and the same command resumes them onto the steps of one process
+  (its update on one device). Both replay
   their prompts' last responses: each process finds its rows' in the store, which the resumed
   processes restore from the checkpoint."""
   one = _run([PY, "-m", "experiments.train_grpo", *SCALE, *REPLAYING,
@@ -172,7 +173,7 @@ def test_the_tiny_tlt_loop_across_processes_is_the_run_of_one_process(tmp_path):
   assert [r["step"] for r in ref] == [0, 1, 2] and any(r["train/grad_norm"] > 0 for r in ref)
 
   out_dir = tmp_path / "wide"
-  wide = (*SCALE, *REPLAYING, f"--config.out_dir={out_dir}", "--config.train.mesh_shape=(1, 2)",
+  wide = (*SCALE, *REPLAYING, f"--config.out_dir={out_dir}", "--config.train.mesh_shape=(1, 4)",
           "--config.rollout.engine.num_shards=2", "--config.distributed.heartbeat_timeout_s=10")
   statuses = _kill_after_first_checkpoint(out_dir, *wide, devices=2)
   assert statuses[1] == -signal.SIGKILL and statuses[0] != 0, statuses

@@ -4,7 +4,7 @@ import pytest
 from flax import nnx
 
 from tlt_jax.models import ModelConfig, abstract_model
-from tlt_jax.models.sharding import check_tp, logical_axes, spec
+from tlt_jax.models.sharding import check_tp, logical_axes, mesh_devices, spec
 
 # SmolLM2-135M: 30 layers, width 576, 9 query / 3 kv heads of 64, MLP 1536, 49152 tokens.
 SMOLLM2 = ModelConfig(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
@@ -48,3 +48,23 @@ def test_tp_that_does_not_divide_the_heads_is_a_clear_error():
   assert tuple(specs["layers.0.mlp.gate_up_proj.kernel"][1]) == ("fsdp", None, "tp")
   assert tuple(specs["layers.0.mlp.down_proj.kernel"][1]) == ("tp", "fsdp")
   assert tuple(specs["embed.embedding"][1]) == ("tp", "fsdp")
+
+
+def test_the_update_mesh_spans_processes_with_tp_inside_one():
+  """`mesh_devices` over 2 processes x 4 devices (named (process, device)): -1 takes every
+  device, an explicit shape the same first devices of each process, tp stays in a process,
+  fsdp crosses them; shapes the devices cannot hold are one-line errors."""
+  groups = [[f"{p}:{d}" for d in range(4)] for p in range(2)]  # "process:device"
+  mesh = mesh_devices((-1, 1, 1), groups)
+  assert mesh.shape == (8, 1, 1) and list(mesh.reshape(-1)) == groups[0] + groups[1]
+  fsdp = mesh_devices((1, 4, 1), groups)  # two devices of each process, fsdp across them
+  assert list(fsdp.reshape(-1)) == ["0:0", "0:1", "1:0", "1:1"]
+  tp = mesh_devices((1, -1, 2), groups)
+  assert tp.shape == (1, 4, 2) and all(len({x[0] for x in pair}) == 1 for pair in tp[0])
+  for shape, msg in (((3, 1, 1), "does not split evenly over the 2 processes"),
+                     ((-1, 3, 1), "8 devices do not split into groups of 3"),
+                     ((1, 1, 16), "needs 16 devices but 8 are visible"),
+                     ((1, 1, 8), "tp=8 does not divide the 4 devices each process gives"),
+                     ((-1, -1, 1), "at most one -1"), ((0, 1, 1), "Mesh axes must be >= 1")):
+    with pytest.raises(ValueError, match=msg):
+      mesh_devices(shape, groups)

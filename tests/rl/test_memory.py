@@ -35,23 +35,29 @@ def test_parameter_bytes_are_the_models_and_split_over_the_update_mesh():
   plan = run.plan_for(rc, run.planned_shape(rc), PlanTarget(device_gb=1.0))
   rows = {name: b for name, b, _ in plan.rows}
   assert rows["parameters"] == weights and rows["optimizer state"] == 2 * weights
-  c.train.mesh_shape = (1, 2, 1)  # fsdp halves every weight whose width splits evenly
-  split = run.plan_for(run_config(c), PRESETS["tiny"], PlanTarget(device_gb=1.0))
+  c.train.mesh_shape = (1, -1, 1)  # fsdp halves every weight whose width splits evenly
+  split = run.plan_for(run_config(c), PRESETS["tiny"], PlanTarget(devices=2, device_gb=1.0))
   assert dict((n, b) for n, b, _ in split.rows)["parameters"] == pytest.approx(weights / 2,
                                                                               rel=0.02)
 
 
 def test_the_gpu_recipes_planned_on_cpu():
   """Qwen2.5-1.5B on 8 H100s fits 80 GB; the same recipe with 16 rows per micro-batch and no
-  remat does not. Qwen2.5-7B on 64 H100s fits but for the whole policy each process's first
-  device gathers for the rollout today."""
+  remat does not. Qwen2.5-7B on 64 H100s fits with its update's fsdp over all 64 devices,
+  beside the whole policy each process's first device gathers for the rollout today, and does
+  not with fsdp inside each host."""
   small = _plan("qwen2p5_1p5b_8xh100")
   assert small.fits and small.limit_bytes == 80 * GB
   assert not _plan("qwen2p5_1p5b_8xh100", micro_batches=1, remat="none").fits
   big = _plan("qwen2p5_7b_64xh100")
   gathered = dict((n, b) for n, b, _ in big.rows)["gathered policy"]
   assert gathered == pytest.approx(7.6e9 * 4, rel=0.01)  # float32 Qwen2.5-7B
-  assert not big.fits and big.total_bytes - gathered < 80 * GB
+  assert big.fits
+  per_host = _plan("qwen2p5_7b_64xh100", mesh_shape=(-1, 8, 1))
+  assert not per_host.fits and per_host.total_bytes - gathered < 80 * GB
+  with pytest.raises(ConfigError, match=r"config.train.mesh_shape=\(3, -1, 1\) on 8 process\(es\) "
+                                        r"x 8 device\(s\): .* do not split into groups of 3"):
+    _plan("qwen2p5_7b_64xh100", mesh_shape=(3, -1, 1))
 
 
 def test_a_run_that_cannot_fit_its_device_is_one_line(monkeypatch):
@@ -66,8 +72,9 @@ def test_a_run_that_cannot_fit_its_device_is_one_line(monkeypatch):
 
 def test_a_kv_budget_sets_max_batch_to_the_largest_bucket_that_fits(capsys):
   """`rollout.engine.kv_cache_gb`: the row bytes are the engine's cache's (its layout's slots,
-  rounded up as the engine rounds them, from the cache's abstract shapes), the largest fitting bucket becomes `max_batch` (printed, and planned), and a budget
-  below the smallest bucket is one line."""
+  rounded up as the engine rounds them, from the cache's abstract shapes), the largest fitting
+  bucket becomes `max_batch` (printed, and planned), and a budget below the smallest bucket is
+  one line."""
   c = tiny_baseline.get_config("small")
   c.rollout.max_new_tokens = 16
   c.rollout.engine.max_prompt_len = 20  # 32-token prefill bucket + 16 new: 64 slots

@@ -2,7 +2,8 @@
 `vocab`, `heads`, `kv_heads`, `head_dim`, `mlp`, `norm`: `layers.param`), and `RULES` maps those
 onto mesh axes.
 
-Meshes: the update runs on `(data, fsdp, tp)`; a rollout shard is a `(tp,)` sub-mesh
+Meshes: the update runs on `(data, fsdp, tp)` over the devices of every process (`tp` inside
+a process, `fsdp` and `data` free to cross them); a rollout shard is a `(tp,)` sub-mesh
 (`rollout/shards.py`). The model width (`embed`) splits over `fsdp` (fully sharded data
 parallelism: every device holds a slice of every weight, gathered as a layer runs); heads, kv
 heads, the MLP width and the vocabulary split over `tp` (tensor parallelism: each device computes
@@ -14,6 +15,7 @@ Activations shard their batch over `data` and `fsdp`.
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import jax
@@ -34,27 +36,48 @@ RULES: dict[str, str | None] = {
 
 
 def make_mesh(data: int = 1, fsdp: int = 1, tp: int = 1, devices=None) -> Mesh:
-  """A `(data, fsdp, tp)` mesh over the first `data * fsdp * tp` devices (tp innermost: a tensor-
-  parallel group is neighbouring devices), with a clear error if short.
-
-  With several processes (`tlt_jax.distributed`) the shape is one process's: each process gives
-  its first `data * fsdp * tp` local devices and the data axis spans the processes (data
-  parallelism across hosts, fsdp and tp within one), so one config runs on 1 process or N."""
-  if min(data, fsdp, tp) < 1:
-    raise ValueError(f"Mesh axes must be >= 1, got data={data}, fsdp={fsdp}, tp={tp}.")
-  need = data * fsdp * tp
-  if devices is not None or jax.process_count() == 1:
-    groups = [list(jax.devices() if devices is None else devices)]
+  """The `(data, fsdp, tp)` mesh over `devices` (default: every device of every process); one
+  axis may be -1 (every device left). `mesh_devices` says which devices and in what order."""
+  if devices is not None:
+    groups = [list(devices)]
   else:
-    groups = [[d for d in jax.devices() if d.process_index == p]
+    groups = [sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
               for p in range(jax.process_count())]
-  if need > min(len(g) for g in groups):
+  return Mesh(mesh_devices((data, fsdp, tp), groups), MESH_AXES)
+
+
+def mesh_devices(shape: tuple[int, int, int], groups: list[list]) -> np.ndarray:
+  """The `(data, fsdp, tp)` array of devices of a global mesh of `shape` over `groups` (each
+  process's devices, in process order). An explicit shape takes the same number of devices from
+  each process, its first ones, process after process, so `tp` (innermost) is neighbouring
+  devices of one process and `fsdp` and `data` may cross processes; one axis may be -1 (every
+  device left). A shape the devices cannot hold, or cannot split evenly over the processes, is
+  a `ValueError` in one line."""
+  if list(shape).count(-1) > 1 or any(n < 1 and n != -1 for n in shape):
+    raise ValueError(f"Mesh axes must be >= 1, with at most one -1 (every device left); got "
+                     f"(data, fsdp, tp) = {tuple(shape)}.")
+  procs, total = len(groups), sum(len(g) for g in groups)
+  known = math.prod(n for n in shape if n != -1)
+  if -1 in shape:
+    if total % known:
+      raise ValueError(f"(data, fsdp, tp) = {tuple(shape)}: the {total} devices do not split "
+                       f"into groups of {known}; pick axes whose product divides {total}.")
+    shape = tuple(total // known if n == -1 else n for n in shape)
+  need = math.prod(shape)
+  if need > total:
     raise ValueError(
-        f"A mesh of data={data} x fsdp={fsdp} x tp={tp} needs {need} devices per process but "
-        f"{min(len(g) for g in groups)} are visible. On CPU set "
+        f"A mesh of data={shape[0]} x fsdp={shape[1]} x tp={shape[2]} needs {need} devices but "
+        f"{total} are visible ({procs} process(es)). On CPU set "
         "XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax.")
-  devices = np.array([g[:need] for g in groups]).reshape(len(groups) * data, fsdp, tp)
-  return Mesh(devices, MESH_AXES)
+  if need % procs or need // procs > min(len(g) for g in groups):
+    raise ValueError(f"A mesh of {need} devices does not split evenly over the {procs} "
+                     f"processes' {[len(g) for g in groups]} devices; use a multiple of {procs} "
+                     "devices that each process has.")
+  per = need // procs
+  if per % shape[2]:
+    raise ValueError(f"tp={shape[2]} does not divide the {per} devices each process gives the "
+                     "mesh: a tensor-parallel group stays inside one process; lower tp.")
+  return np.array([g[:per] for g in groups]).reshape(shape)
 
 
 def check_tp(cfg: ModelConfig, tp: int) -> None:

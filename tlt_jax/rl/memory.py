@@ -32,7 +32,7 @@ from flax import nnx
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.errors import ConfigError
 from tlt_jax.models.config import ModelConfig
-from tlt_jax.models.sharding import FSDP, TP, logical_axes, spec
+from tlt_jax.models.sharding import FSDP, TP, logical_axes, mesh_devices, spec
 from tlt_jax.models.transformer import abstract_model
 from tlt_jax.rl.trainer import LoopConfig
 from tlt_jax.rollout.engine import EngineConfig
@@ -124,13 +124,12 @@ def plan_memory(cfg: ModelConfig, loop: LoopConfig, engine: EngineConfig, *, par
                 drafter: DrafterConfig | None = None) -> MemoryPlan:
   """The busiest device's memory for a run of model `cfg` with these settings on `target`."""
   abstract = nnx.state(abstract_model(cfg.replace(param_dtype=param_dtype)), nnx.Param)
-  mesh = tuple(loop.mesh_shape) + (1,) * (3 - len(loop.mesh_shape))
-  data, fsdp, tp = mesh
+  data, fsdp, tp = planned_mesh(loop.mesh_shape, target)
   update = {FSDP: fsdp, TP: tp}
   master = sharded_bytes(abstract, update)
   width = jnp.dtype(compute_dtype).itemsize
   rows_per_device = (loop.prompts_per_step * loop.group_size
-                     / (loop.mini_batches * loop.micro_batches * data * fsdp * target.processes))
+                     / (loop.mini_batches * loop.micro_batches * data * fsdp))
   tokens = prompt_len + max_new_tokens
   act, act_how = _activations(cfg, rows_per_device, tokens, tp, loop.remat, width)
   shard = {TP: engine.tp}
@@ -160,6 +159,17 @@ def plan_memory(cfg: ModelConfig, loop: LoopConfig, engine: EngineConfig, *, par
     rows.append(("gathered policy", sharded_bytes(abstract, {}),
                  "the whole policy on each process's first device (distributed.local_copy)"))
   return MemoryPlan(tuple(rows), target.device_gb * GB)
+
+
+def planned_mesh(mesh_shape: tuple[int, ...], target: PlanTarget) -> tuple[int, int, int]:
+  """The `(data, fsdp, tp)` sizes `mesh_shape` takes over `target`'s devices (a -1 resolved), or
+  a `ConfigError` where they cannot hold it (`models.sharding.mesh_devices`)."""
+  shape = tuple(mesh_shape) + (1,) * (3 - len(mesh_shape))
+  try:
+    return mesh_devices(shape, [list(range(target.devices))] * target.processes).shape
+  except ValueError as e:
+    raise ConfigError(f"config.train.mesh_shape={tuple(mesh_shape)} on {target.processes} "
+                      f"process(es) x {target.devices} device(s): {e}") from None
 
 
 def kv_bytes_per_row(cfg: ModelConfig, engine: EngineConfig, cache_len: int,

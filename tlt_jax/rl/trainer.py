@@ -62,15 +62,15 @@ _PROMPT_NOISE = 1_000_037  # the run's key under prompt-addressed noise (the sam
 class LoopConfig:
   """The loop's own settings: each step draws `prompts_per_step` prompts x `group_size` samples
   (addressed by `seed` and the step) for `steps` steps; the update makes `update_epochs` passes
-  over a step's rows, each cut into `mini_batches` (one optimizer step each), and accumulates
-  each mini-batch's gradient over `micro_batches` on a `mesh_shape` = (data, fsdp) or
-  (data, fsdp, tp) mesh, keeping of each layer for the backward pass what `remat` says
-  (`models/transformer.REMAT_POLICIES`); held-out
-  evaluation every `eval_every` steps (0: off) with `eval_group_size` samples per prompt; a
-  checkpoint every `checkpoint_every` steps (0: off), the last `keep` kept; `export` the final
-  policy (and drafter) to `out_dir/export`, and every `export_every` steps (0: off) to
-  `out_dir/export/step_<N>`; step metrics go to `out_dir/metrics.jsonl` and to `loggers`
-  (`tensorboard`, `wandb`)."""
+  over a step's rows, each cut into `mini_batches` (one optimizer step each), and accumulates each
+  mini-batch's gradient over `micro_batches` on a `mesh_shape` = (data, fsdp) or (data, fsdp, tp)
+  mesh over the devices of every process (one axis may be -1: every device left;
+  `models.sharding.mesh_devices`), keeping of each layer for the backward pass what `remat` says
+  (`models/transformer.REMAT_POLICIES`); held-out evaluation every `eval_every` steps (0: off)
+  with `eval_group_size` samples per prompt; a checkpoint every `checkpoint_every` steps (0: off),
+  the last `keep` kept; `export` the final policy (and drafter) to `out_dir/export`, and every
+  `export_every` steps (0: off) to `out_dir/export/step_<N>`; step metrics go to
+  `out_dir/metrics.jsonl` and to `loggers` (`tensorboard`, `wandb`)."""
 
   out_dir: str
   steps: int
@@ -80,7 +80,7 @@ class LoopConfig:
   micro_batches: int = 1
   mini_batches: int = 1
   update_epochs: int = 1
-  mesh_shape: tuple[int, ...] = (1, 1)
+  mesh_shape: tuple[int, ...] = (-1, 1, 1)
   remat: str = "none"
   checkpoint_every: int = 0
   keep: int = 2
@@ -96,9 +96,10 @@ class LoopConfig:
       if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}.")
     mesh = tuple(self.mesh_shape)
-    if len(mesh) not in (2, 3) or any(not isinstance(m, int) or m < 1 for m in mesh):
-      raise ValueError(f"mesh_shape must be (data, fsdp) or (data, fsdp, tp) with integers >= 1, "
-                       f"got {mesh}.")
+    if (len(mesh) not in (2, 3) or mesh.count(-1) > 1
+        or any(not isinstance(m, int) or (m < 1 and m != -1) for m in mesh)):
+      raise ValueError(f"mesh_shape must be (data, fsdp) or (data, fsdp, tp) with integers >= 1 "
+                       f"and at most one -1 (every device left), got {mesh}.")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat must be one of {', '.join(REMAT_POLICIES)}, got {self.remat!r}.")
     if min(self.checkpoint_every, self.eval_every, self.export_every) < 0 or self.keep < 1:
@@ -141,8 +142,9 @@ def check_layout(loop: LoopConfig, engine_cfg: EngineConfig, pool: list, eval_pr
     raise ConfigError(
         f"config.train: prompts_per_step x group_size = {rows} rows do not split into "
         f"{loop.mini_batches} mini-batch(es) of {loop.micro_batches} micro-batch(es) over the "
-        f"update's {mesh.devices.size} devices ({jax.process_count()} process(es) x mesh_shape "
-        f"{tuple(loop.mesh_shape)}); use a multiple of {split} rows.")
+        f"update's {mesh.devices.size} devices (mesh_shape {tuple(loop.mesh_shape)} = "
+        f"{tuple(mesh.devices.shape)} over {jax.process_count()} process(es)); use a multiple "
+        f"of {split} rows.")
   return mesh, bucket
 
 
