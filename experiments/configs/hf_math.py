@@ -34,10 +34,10 @@ VARIANTS = ("tlt", "small", "drafter", "qwen2p5_1p5b_8xh100", "qwen2p5_7b_64xh10
 def _recipe(c: ml_collections.ConfigDict, name: str) -> None:
   """A GPU recipe's layout (module docstring): bf16 compute and cache over float32 masters,
   one rollout shard per device (1.5B) or per pair (7B, tp = 2) with a KV cache budget that sets
-  its batch (64 rows in 16 GB; 16 rows in 4 GB), the update fully sharded within each host, one
-  row of up to 512 + 8192 tokens per device per micro-batch, rematerialised.
-  The 7B recipe does not fit today: each process's first device also holds the whole policy
-  that the rollout reads (`distributed.local_copy`, 30 GB in float32); docs/SCALING.md."""
+  its batch (64 rows in 16 GB; 16 rows in 4 GB), the update fully sharded over every device of
+  every host, one row of up to 512 + 8192 tokens per device per micro-batch, rematerialised.
+  The 7B recipe fits with 1.4 GB to spare: each process's first device also holds the whole
+  policy that the rollout reads (`distributed.local_copy`, 30 GB in float32); docs/SCALING.md."""
   big = name == "qwen2p5_7b_64xh100"
   c.model.compute_dtype = "bfloat16"  # over float32 masters (the default param_dtype)
   c.rollout.max_new_tokens = 8192
