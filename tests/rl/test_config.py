@@ -49,6 +49,10 @@ def test_no_config_imports_another_than_the_shared_base():
     (lambda c: c.train.update(steps=0), "config.train: steps must be an integer >= 1"),
     (lambda c: c.train.update(mesh_shape=(1, 0)),
      "config.train: mesh_shape must be (data, fsdp) or (data, fsdp, tp)"),
+    (lambda c: c.train.update(mesh_shape=(-1, -1, 1)), "and at most one -1 (every device left)"),
+    (lambda c: c.train.update(max_tokens_per_micro_batch=4096, micro_batches=2),
+     "config.train: max_tokens_per_micro_batch must be >= 0 (0: micro_batches sets the "
+     "micro-batches) and micro_batches 1 when it is set, got 4096 and 2."),
     (lambda c: c.train.update(num_prompts=2), "config.train.num_prompts (the prompt pool) must be"),
     (lambda c: c.rollout.update(temperature=-1.0), "config.rollout: temperature must be >= 0"),
     (lambda c: c.rollout.update(temprature=1.0), "did you mean config.rollout.temperature?"),

@@ -1,5 +1,7 @@
 """GRPO: advantages, the clipped loss, log-prob recomputation, and the sharded update."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +12,10 @@ from tlt_jax.models import init_model
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.sharding import make_mesh
 from tlt_jax.rl.grpo import GRPOConfig, group_advantages, grpo_loss, token_logprobs
-from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater, length_groups
+from tlt_jax.errors import ConfigError
+from tlt_jax.rl.update import (OptimConfig, PolicyBatch, PolicyUpdater, length_groups,
+                               token_groups)
+from tlt_jax.rollout import compiles
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 
 
@@ -69,12 +74,50 @@ def make_batch(rows=8, seed=0):
                      jnp.zeros((rows, 10), jnp.float32))
 
 
-def _updated(micro, mesh_shape=(1, 1)):
+def _updated(micro, mesh_shape=(1, 1), max_tokens=0, aggregation="sequence", warm_up=False,
+             batch=None):
   up = PolicyUpdater(init_model(small_config(), seed=0), make_mesh(*mesh_shape),
-                     GRPOConfig(aggregation="sequence"), OptimConfig(lr=1e-2, warmup_steps=0),
-                     SamplingParams(), micro_batches=micro)
-  metrics = up.update(make_batch())
-  return up, metrics
+                     GRPOConfig(aggregation=aggregation), OptimConfig(lr=1e-2, warmup_steps=0),
+                     SamplingParams(), micro_batches=micro, max_tokens=max_tokens)
+  if warm_up:
+    up.warm_up(8, 6, 10, off_policy=True)
+  built = compiles.Since()
+  metrics = up.update(make_batch() if batch is None else batch)
+  return up, dict(metrics, built=built.events)
+
+
+def _close(a, b):
+  """Parameters after one Adam step equal up to float rounding (see the test below)."""
+  diff = np.concatenate([np.abs(np.asarray(x) - np.asarray(y)).ravel()
+                         for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params))])
+  return diff.max() < 1e-4 and np.mean(diff > 1e-5) < 1e-3
+
+
+@pytest.mark.parametrize("aggregation", ["sequence", "token"])
+def test_a_token_budget_update_equals_the_full_batch(aggregation):
+  """`max_tokens` = 24 per device: the rows of width 16 go one per micro-batch and those of
+  width 8 three per micro-batch, the last group padded with empty rows, which weigh nothing
+  (also in a mean over rows). The gradient, the loss, the step and the log-probs equal the full
+  batch's; after the warm-up (one shape per width) the update builds nothing."""
+  b = make_batch()
+  lens = np.array([9, 2, 9, 1, 9, 2, 2, 9])  # 6 + 9 tokens: width 16; 6 + 1 or 2: width 8
+  batch = dataclasses.replace(b, mask_RxN=jnp.asarray(np.arange(10)[None] < lens[:, None],
+                                                      jnp.float32))
+  groups = token_groups(6 + lens, 24, 16, 1, 8)
+  assert [(w, len(i), p) for i, w, p in groups] == [(16, 1, 1)] * 4 + [(8, 3, 3), (8, 1, 3)]
+  full, mf = _updated(1, aggregation=aggregation, batch=batch)
+  budget, mb = _updated(1, max_tokens=24, aggregation=aggregation, warm_up=True, batch=batch)
+  assert mb["built"] == 0
+  np.testing.assert_allclose(mf["grad_norm"], mb["grad_norm"], rtol=1e-5)
+  np.testing.assert_allclose(mf["loss"], mb["loss"], rtol=1e-5)
+  assert _close(full, budget)
+  budget.params = full.params
+  m = np.asarray(batch.mask_RxN) > 0
+  for x, y in zip(full.logprobs(batch.tokens_RxL, batch.prompt_len_R, batch.mask_RxN),
+                  budget.logprobs(batch.tokens_RxL, batch.prompt_len_R, batch.mask_RxN)):
+    np.testing.assert_allclose(x[m], y[m], atol=1e-5)
+  with pytest.raises(ConfigError, match="max_tokens_per_micro_batch=8 holds no row of 16 tokens"):
+    _updated(1, max_tokens=8)
 
 
 def test_micro_batch_accumulation_equals_the_full_batch():
@@ -140,7 +183,7 @@ def test_short_prompts_are_trimmed_with_their_rows():
     toks[i, : plen[i] + rlen[i]] = rng.integers(3, 53, size=plen[i] + rlen[i])
   groups = up._groups(toks, plen, mask)
   # Used columns 7-8 (was 32 + 8 before) and 32-37 (capped at the rows' 48).
-  assert [(sorted(idx.tolist()), t, w) for idx, t, w in groups] == [
+  assert [(sorted(idx.tolist()), t, w) for idx, t, w, _ in groups] == [
       ([0, 1, 2, 3], 8, 8), ([4, 5, 6, 7], 48, 16)]
   lp, _ = up.logprobs(toks, plen, mask)
   full, _ = token_logprobs(up.model(), jnp.asarray(toks), jnp.asarray(plen), 16, SamplingParams())
@@ -171,7 +214,8 @@ def test_same_update_on_a_2_device_mesh():
   out = run_on_fake_devices("tests.rl.mesh_worker")
   # Updates are ~lr = 1e-2 in size; cross-device reduction order moves them by float rounding,
   # which Adam's first step (g / |g|) can amplify for near-zero gradients: 1e-4 is 1% of a step.
-  assert max(out["max_diff_fsdp"], out["max_diff_data"], out["max_diff_tp"]) < 1e-4
+  assert max(out["max_diff_fsdp"], out["max_diff_data"], out["max_diff_tp"],
+             out["max_diff_budget"]) < 1e-4
   assert out["sharded"] is True
   # Every layer's kernels split over tp; the embedding stays whole (tp = 2 does not divide the
   # test model's 53-token vocabulary).

@@ -42,13 +42,15 @@ def test_parameter_bytes_are_the_models_and_split_over_the_update_mesh():
 
 
 def test_the_gpu_recipes_planned_on_cpu():
-  """Qwen2.5-1.5B on 8 H100s fits 80 GB; the same recipe with 16 rows per micro-batch and no
-  remat does not. Qwen2.5-7B on 64 H100s fits with its update's fsdp over all 64 devices,
+  """Qwen2.5-1.5B on 8 H100s fits 80 GB; the same recipe with 16 rows per micro-batch (no token
+  budget) and no remat does not. Qwen2.5-7B on 64 H100s fits with its update's fsdp over all 64 devices,
   beside the whole policy each process's first device gathers for the rollout today, and does
   not with fsdp inside each host."""
   small = _plan("qwen2p5_1p5b_8xh100")
   assert small.fits and small.limit_bytes == 80 * GB
-  assert not _plan("qwen2p5_1p5b_8xh100", micro_batches=1, remat="none").fits
+  assert not _plan("qwen2p5_1p5b_8xh100", max_tokens_per_micro_batch=0, remat="none").fits
+  # 16 rows per device per micro-batch without the token budget: more than the budget's one
+  assert _plan("qwen2p5_1p5b_8xh100", max_tokens_per_micro_batch=0).total_bytes > small.total_bytes
   big = _plan("qwen2p5_7b_64xh100")
   gathered = dict((n, b) for n, b, _ in big.rows)["gathered policy"]
   assert gathered == pytest.approx(7.6e9 * 4, rel=0.01)  # float32 Qwen2.5-7B

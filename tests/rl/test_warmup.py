@@ -28,7 +28,8 @@ def test_no_step_compiles_after_warm_up(tmp_path):
   w.prompts = [rng.integers(3, 53, size=int(k)).tolist() for k in sizes]
   arms = (Strategy("eagle", 3, 0), Strategy("suffix", 2, 2), Strategy("plain", 1, 0))
   tr = Trainer(w, LoopConfig(str(tmp_path), steps=4, prompts_per_step=4, group_size=4,
-                             eval_every=2, eval_group_size=2, micro_batches=2),
+                             eval_every=2, eval_group_size=2,
+                             max_tokens_per_micro_batch=64),  # rows of 28 tokens: 2 to 8 a group
                engine_cfg=EngineConfig(prefill_buckets=(4, 8, 16), batch_buckets=(1, 4, 16),
                                        max_batch=16, steps_per_dispatch=3),
                learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),

@@ -131,6 +131,8 @@ def plan_memory(cfg: ModelConfig, loop: LoopConfig, engine: EngineConfig, *, par
   rows_per_device = (loop.prompts_per_step * loop.group_size
                      / (loop.mini_batches * loop.micro_batches * data * fsdp))
   tokens = prompt_len + max_new_tokens
+  if loop.max_tokens_per_micro_batch:  # its tokens at the widest rows: a bound at every width
+    rows_per_device = min(rows_per_device, loop.max_tokens_per_micro_batch / tokens)
   act, act_how = _activations(cfg, rows_per_device, tokens, tp, loop.remat, width)
   shard = {TP: engine.tp}
   cache_len = cache_length(engine, cfg.max_seq_len, prompt_len, max_new_tokens)

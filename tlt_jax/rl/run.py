@@ -141,7 +141,8 @@ def check_fits(rc: RunConfig, cfg: ModelConfig, max_new_tokens: int) -> MemoryPl
     raise ConfigError(
         f"The run needs {plan.total_bytes / GB:.1f} GB per device and the device has "
         f"{limit / GB:.1f} GB; the largest part is {name} ({most / GB:.1f} GB): lower "
-        "rollout.engine.max_batch or rollout.max_new_tokens, raise train.micro_batches, set "
+        "rollout.engine.max_batch or rollout.max_new_tokens, raise train.micro_batches (or lower "
+        "train.max_tokens_per_micro_batch), set "
         "train.remat, or split the model over more devices (python -m experiments.plan_memory "
         "prints the plan).")
   return plan

@@ -63,8 +63,9 @@ class LoopConfig:
   """The loop's own settings: each step draws `prompts_per_step` prompts x `group_size` samples
   (addressed by `seed` and the step) for `steps` steps; the update makes `update_epochs` passes
   over a step's rows, each cut into `mini_batches` (one optimizer step each), and accumulates each
-  mini-batch's gradient over `micro_batches` on a `mesh_shape` = (data, fsdp) or (data, fsdp, tp)
-  mesh over the devices of every process (one axis may be -1: every device left;
+  mini-batch's gradient over `micro_batches` (or, with `max_tokens_per_micro_batch` > 0,
+  length-sorted groups of at most that many tokens per device) on a `mesh_shape` = (data, fsdp) or
+  (data, fsdp, tp) mesh over the devices of every process (one axis may be -1: every device left;
   `models.sharding.mesh_devices`), keeping of each layer for the backward pass what `remat` says
   (`models/transformer.REMAT_POLICIES`); held-out evaluation every `eval_every` steps (0: off)
   with `eval_group_size` samples per prompt; a checkpoint every `checkpoint_every` steps (0: off),
@@ -78,6 +79,7 @@ class LoopConfig:
   group_size: int
   seed: int = 0
   micro_batches: int = 1
+  max_tokens_per_micro_batch: int = 0
   mini_batches: int = 1
   update_epochs: int = 1
   mesh_shape: tuple[int, ...] = (-1, 1, 1)
@@ -100,6 +102,11 @@ class LoopConfig:
         or any(not isinstance(m, int) or (m < 1 and m != -1) for m in mesh)):
       raise ValueError(f"mesh_shape must be (data, fsdp) or (data, fsdp, tp) with integers >= 1 "
                        f"and at most one -1 (every device left), got {mesh}.")
+    if self.max_tokens_per_micro_batch < 0 or (self.max_tokens_per_micro_batch
+                                               and self.micro_batches > 1):
+      raise ValueError(f"max_tokens_per_micro_batch must be >= 0 (0: micro_batches sets the "
+                       f"micro-batches) and micro_batches 1 when it is set, got "
+                       f"{self.max_tokens_per_micro_batch} and {self.micro_batches}.")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat must be one of {', '.join(REMAT_POLICIES)}, got {self.remat!r}.")
     if min(self.checkpoint_every, self.eval_every, self.export_every) < 0 or self.keep < 1:
@@ -138,6 +145,8 @@ def check_layout(loop: LoopConfig, engine_cfg: EngineConfig, pool: list, eval_pr
   except ValueError as e:
     raise ConfigError(f"config.train.mesh_shape={tuple(loop.mesh_shape)}: {e}") from None
   split = loop.mini_batches * loop.micro_batches * mesh.devices.size
+  if loop.max_tokens_per_micro_batch:  # the update pads its groups to the devices
+    split = loop.mini_batches
   if rows % split:
     raise ConfigError(
         f"config.train: prompts_per_step x group_size = {rows} rows do not split into "
@@ -168,7 +177,7 @@ class Trainer:
     self.pool_answers = answers if answers is not None else workload.answers
     mesh, self.prompt_bucket = check_layout(loop, engine_cfg, self.pool_prompts, eval_prompts)
     self.updater = PolicyUpdater(workload.model, mesh, learner, optim, workload.params,
-                                 loop.micro_batches, loop.remat)
+                                 loop.micro_batches, loop.remat, loop.max_tokens_per_micro_batch)
     # The policy as the rollout reads it: whole on this process's first device of the mesh.
     self.policy = distributed.local_copy(nnx.state(self.updater.model()), self.updater.mesh)
     if not engine_cfg.max_prompt_len:  # one cache layout for every step: nothing compiles later

@@ -19,7 +19,8 @@ from flax import nnx
 
 from tlt_jax import distributed, optim
 from tlt_jax.models.sampling import SamplingParams
-from tlt_jax.models.sharding import TP, batch_sharding, check_tp, param_shardings
+from tlt_jax.errors import ConfigError
+from tlt_jax.models.sharding import DATA, FSDP, TP, batch_sharding, check_tp, param_shardings
 from tlt_jax.rl.grpo import token_logprobs
 from tlt_jax.rl.learner import Learner
 
@@ -80,19 +81,23 @@ class PolicyUpdater:
   """Holds the sharded policy parameters and optimizer state; `update(batch)` is one step.
 
   A step's rows are sorted by the columns they use (prompt plus response) and cut into
-  `micro_batches` equal groups; each group is trimmed to the smallest power-of-two width that
-  holds its longest row (`length_groups`), so short rows pay neither for the longest response's
-  padding nor for the prompt bucket's. Gradients are
-  accumulated group by group (one compiled function per width) with weights that make the sum
-  equal the full batch's loss for every aggregation mode, then one optimizer step is applied.
+  `micro_batches` equal groups, or, with `max_tokens` > 0, into groups of at most that many
+  tokens per device (`token_groups`); each group is trimmed to the smallest power-of-two width
+  that holds its longest row, so short rows pay neither for the longest response's padding nor
+  for the prompt bucket's. Gradients are accumulated group by group (one compiled function per
+  width) with weights that make the sum equal the full batch's loss for every aggregation mode,
+  then one optimizer step is applied.
   """
 
   def __init__(self, model, mesh, learner: Learner, optim: OptimConfig, params: SamplingParams,
-               micro_batches: int = 1, remat: str = "none"):
-    if micro_batches < 1:
-      raise ValueError(f"micro_batches must be >= 1, got {micro_batches}.")
+               micro_batches: int = 1, remat: str = "none", max_tokens: int = 0):
+    if micro_batches < 1 or max_tokens < 0:
+      raise ValueError(f"micro_batches must be >= 1 and max_tokens >= 0, got {micro_batches} "
+                       f"and {max_tokens}.")
     self.mesh, self.learner, self.sampling, self.micro = mesh, learner, params, micro_batches
-    self.remat = remat
+    self.remat, self.max_tokens = remat, max_tokens
+    self.batch_rows = 0  # a token-budget group's most rows: an update's rows, set by `warm_up`
+    self.row_devices = mesh.shape.get(DATA, 1) * mesh.shape.get(FSDP, 1)
     check_tp(model.cfg, mesh.shape.get(TP, 1))
     self.graphdef, state = nnx.split(model, nnx.Param)
     self.param_sharding = param_shardings(state, mesh)
@@ -142,14 +147,24 @@ class PolicyUpdater:
     return optax.apply_updates(params, updates), opt_state, optax.global_norm(grads)
 
   def _groups(self, tokens_RxL: np.ndarray, prompt_len_R: np.ndarray, mask_RxN: np.ndarray):
-    """`[(rows, sequence width, response width), ...]`: the micro-batches."""
+    """`[(rows, sequence width, response width, padded rows), ...]`: the micro-batches."""
     rows, n = mask_RxN.shape
-    self._check_rows(rows)
+    self._check_rows(rows, tokens_RxL.shape[1])
     used_R = np.asarray(prompt_len_R) + np.asarray(mask_RxN).sum(axis=1).astype(np.int64)
-    return [(idx, t, min(n, t))
+    if self.max_tokens:
+      return [(idx, t, min(n, t), padded) for idx, t, padded in
+              token_groups(used_R, self.max_tokens, tokens_RxL.shape[1], self.row_devices,
+                           self.batch_rows or rows)]
+    return [(idx, t, min(n, t), len(idx))
             for idx, t in length_groups(used_R, self.micro, tokens_RxL.shape[1])]
 
-  def _check_rows(self, rows: int) -> None:
+  def _check_rows(self, rows: int, width: int) -> None:
+    if self.max_tokens:
+      if self.max_tokens < width:
+        raise ConfigError(f"train.max_tokens_per_micro_batch={self.max_tokens} holds no row of "
+                          f"{width} tokens (the prompt bucket plus max_new_tokens); raise it to "
+                          f"at least {width}.")
+      return
     devices = self.mesh.devices.size
     if rows % (self.micro * devices):
       raise ValueError(f"{rows} rows do not split into {self.micro} micro-batches over "
@@ -178,10 +193,10 @@ class PolicyUpdater:
     tokens, plen, mask = (np.asarray(x) for x in (tokens_RxL, prompt_len_R, mask_RxN))
     lp, ent = np.zeros(mask.shape, np.float32), np.zeros(mask.shape, np.float32)
     rows2, rows1 = self._row_shardings.tokens_RxL, self._row_shardings.prompt_len_R
-    for idx, t, w in self._groups(tokens, plen, mask):
-      out = self._logprobs(params, distributed.put(tokens[idx, :t], rows2),
-                           distributed.put(plen[idx], rows1), n=w)
-      lp[idx, :w], ent[idx, :w] = (distributed.host(x) for x in out)
+    for idx, t, w, padded in self._groups(tokens, plen, mask):
+      out = self._logprobs(params, distributed.put(_padded(tokens[idx, :t], padded), rows2),
+                           distributed.put(_padded(plen[idx], padded), rows1), n=w)
+      lp[idx, :w], ent[idx, :w] = (distributed.host(x)[:len(idx)] for x in out)
     return lp, ent
 
   def update(self, batch: PolicyBatch, with_logprobs: bool = False):
@@ -193,11 +208,13 @@ class PolicyUpdater:
     rows, tokens = b.mask_RxN.shape[0], max(float(b.mask_RxN.sum()), 1.0)
     grads = jax.tree.map(jnp.zeros_like, self.params)
     metrics, logps = None, []
-    for idx, t, w in groups:
+    for idx, t, w, padded in groups:
       old = None if b.old_logp_RxN is None else b.old_logp_RxN[idx, :w]
       mb = PolicyBatch(b.tokens_RxL[idx, :t], b.prompt_len_R[idx], b.mask_RxN[idx, :w],
                        b.adv_R[idx], old, b.ref_logp_RxN[idx, :w])
-      weight = self.learner.micro_weight(rows, tokens, len(idx), float(mb.mask_RxN.sum()))
+      mb = jax.tree.map(lambda x: _padded(x, padded), mb)  # rows without tokens weigh nothing
+      # The padded row count: a mean over rows counts the empty rows, whose terms are zero.
+      weight = self.learner.micro_weight(rows, tokens, padded, float(mb.mask_RxN.sum()))
       grads, m, logp = self._grad(self.params, grads, self._put(mb), jnp.float32(weight))
       metrics = m if metrics is None else jax.tree.map(jnp.add, metrics, m)
       logps.append((idx, w, logp))
@@ -216,7 +233,7 @@ class PolicyUpdater:
       return metrics
     lp = np.zeros(b.mask_RxN.shape, np.float32)
     for idx, w, logp in logps:
-      lp[idx, :w] = distributed.host(logp)
+      lp[idx, :w] = distributed.host(logp)[:len(idx)]
     return metrics, lp
 
   def model(self):
@@ -230,12 +247,14 @@ class PolicyUpdater:
     reference's log-probs when the KL term is on, the optimizer step and the eager ops around
     them. Runs them on zeros and applies nothing. Returns the number of widths."""
     widths = update_widths(prompt_width + n)
-    mb_rows = rows // self.micro
-    self._check_rows(rows)
+    self._check_rows(rows, prompt_width + n)
+    self.batch_rows = rows
     grads = jax.tree.map(jnp.zeros_like, self.params)
     metrics = None
     for t in widths:
       w = min(n, t)
+      mb_rows = (budget_rows(self.max_tokens, t, self.row_devices, rows) if self.max_tokens
+                 else rows // self.micro)
       zeros = lambda *shape: np.zeros(shape, np.float32)
       mb = PolicyBatch(np.zeros((mb_rows, t), np.int32),
                        np.ones(mb_rows, np.int32), zeros(mb_rows, w), zeros(mb_rows),
@@ -285,6 +304,39 @@ def update_widths(width: int, min_width: int = 8) -> list[int]:
     widths.append(w)
     w *= 2
   return widths + [width]
+
+
+def budget_rows(max_tokens: int, width: int, devices: int, most: int) -> int:
+  """The rows of a token-budget micro-batch of sequence `width`: as many per device as
+  `max_tokens` holds (at least one), over `devices`, and no more than `most` rows need."""
+  per_device = min(max(1, max_tokens // width), -(-most // devices))
+  return per_device * devices
+
+
+def token_groups(used_R: np.ndarray, max_tokens: int, width: int, devices: int, most: int,
+                 min_width: int = 8):
+  """Row indices, longest first, cut into micro-batches of at most `max_tokens` tokens per
+  device: each takes the power-of-two width (at least `min_width`, at most `width`) of its
+  longest row and `budget_rows` rows (the last group fewer): `[(rows, width, padded rows),
+  ...]`, the padded rows being the group's shape, which depends on its width alone
+  (`PolicyUpdater.warm_up` builds one per width)."""
+  used_R = np.asarray(used_R, np.int64)
+  order = np.argsort(-used_R, kind="stable")
+  out, i = [], 0
+  while i < len(order):
+    w = min(max(min_width, 1 << max(int(used_R[order[i]]) - 1, 0).bit_length()), width)
+    padded = budget_rows(max_tokens, w, devices, most)
+    idx = order[i:i + padded]
+    out.append((np.sort(idx), w, padded))
+    i += padded
+  return out
+
+
+def _padded(x: np.ndarray | None, rows: int):
+  """`x` with zero rows appended up to `rows` (None stays None)."""
+  if x is None or len(x) == rows:
+    return x
+  return np.concatenate([x, np.zeros((rows - len(x), *x.shape[1:]), x.dtype)])
 
 
 def length_groups(used_R: np.ndarray, groups: int, width: int, min_width: int = 8):
