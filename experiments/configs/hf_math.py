@@ -35,10 +35,10 @@ def _recipe(c: ml_collections.ConfigDict, name: str) -> None:
   """A GPU recipe's layout (module docstring): bf16 compute and cache over float32 masters,
   one rollout shard per device (1.5B) or per pair (7B, tp = 2) with a KV cache budget that sets
   its batch (64 rows in 16 GB; 16 rows in 4 GB), the update fully sharded over every device of
-  every host, micro-batches of at most 8704 tokens per device (one row of 512 + 8192 tokens, or
-  several shorter ones), rematerialised.
-  The 7B recipe fits with 1.4 GB to spare: each process's first device also holds the whole
-  policy that the rollout reads (`distributed.local_copy`, 30 GB in float32); docs/SCALING.md."""
+  every host (7B's heads, MLP and logits also split over tp = 2), micro-batches of at most 8704
+  tokens per device (one row of 512 + 8192 tokens, or several shorter ones), rematerialised.
+  Of the 7B recipe's 66.9 GB per device, 30 GB is the whole policy each process's first device
+  holds for the rollout (`distributed.local_copy`, float32); docs/SCALING.md."""
   big = name == "qwen2p5_7b_64xh100"
   c.model.compute_dtype = "bfloat16"  # over float32 masters (the default param_dtype)
   c.rollout.max_new_tokens = 8192
@@ -47,9 +47,10 @@ def _recipe(c: ml_collections.ConfigDict, name: str) -> None:
                                kv_cache_gb=4.0 if big else 16.0))  # 0.25 GB per row
   if big:  # else its default buckets
     c.rollout.engine.update(dict(tp=2, batch_buckets=(1, 2, 4, 8, 16)))
-  # The update's fsdp spans every device of every process (-1).
-  # Micro-batches of at most one full row (512 + 8192 tokens) per device; shorter rows share one.
-  c.train.update(dict(prompts_per_step=256 if big else 64, mesh_shape=(1, -1, 1),
+  # The update's fsdp spans every device of every process (-1); 7B's also splits its heads, MLP
+  # and logits over tp = 2. Micro-batches of at most one full row (512 + 8192 tokens) per
+  # device; shorter rows share one.
+  c.train.update(dict(prompts_per_step=256 if big else 64, mesh_shape=(1, -1, 2 if big else 1),
                       mini_batches=8 if big else 4, max_tokens_per_micro_batch=8704,
                       remat="full" if big else "dots"))
   c.plan = CD(dict(shape="qwen2p5_7b" if big else "qwen2p5_1p5b", devices=8))  # 80 GB each

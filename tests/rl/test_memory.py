@@ -5,18 +5,24 @@ import dataclasses
 import re
 
 import jax
+import numpy as np
 import pytest
 from flax import nnx
 
 from experiments.configs import hf_math, tiny_baseline
 from tlt_jax.errors import ConfigError
 from tlt_jax.models import init_model
-from tlt_jax.models.config import PRESETS
-from tlt_jax.rl import run
-from tlt_jax.rl.config import run_config
+from tlt_jax.models.config import PRESETS, get_shape
 from tlt_jax.models.kv_cache import init_cache
+from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.models.sharding import make_mesh
+from tlt_jax.rl import memory, run
+from tlt_jax.rl.config import run_config
+from tlt_jax.rl.grpo import GRPOConfig
 from tlt_jax.rl.memory import GB, PlanTarget, kv_bytes_per_row
-from tlt_jax.rollout.engine import RolloutEngine
+from tlt_jax.rl.trainer import LoopConfig
+from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater
+from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 
 
 def _plan(variant, **train):
@@ -43,9 +49,9 @@ def test_parameter_bytes_are_the_models_and_split_over_the_update_mesh():
 
 def test_the_gpu_recipes_planned_on_cpu():
   """Qwen2.5-1.5B on 8 H100s fits 80 GB; the same recipe with 16 rows per micro-batch (no token
-  budget) and no remat does not. Qwen2.5-7B on 64 H100s fits with its update's fsdp over all 64 devices,
-  beside the whole policy each process's first device gathers for the rollout today, and does
-  not with fsdp inside each host."""
+  budget) and no remat does not. Qwen2.5-7B on 64 H100s fits with its update's fsdp across the
+  hosts, beside the whole policy each process's first device gathers for the rollout today, and
+  does not with fsdp inside each host."""
   small = _plan("qwen2p5_1p5b_8xh100")
   assert small.fits and small.limit_bytes == 80 * GB
   assert not _plan("qwen2p5_1p5b_8xh100", max_tokens_per_micro_batch=0, remat="none").fits
@@ -114,3 +120,28 @@ def test_the_plan_is_checked_and_said_in_one_line_where_the_run_is_built(monkeyp
   line = run.plan_line(run.check_fits(rc, PRESETS["tiny"], 16))
   assert re.fullmatch(r"\[run\] memory plan: \S+ GB per device of 80\.0 GB, most of it [a-z ]+ "
                       r"\(\S+ GB\); python -m experiments.plan_memory prints the table", line)
+
+
+@pytest.mark.parametrize("shape,rows,tokens", [("tiny", 4, 256), ("smollm2_135m", 2, 256)])
+def test_the_update_plan_is_within_1_5x_of_what_xla_allocates(shape, rows, tokens):
+  """Without remat, the plan's update activations and micro-batch gradient against the
+  temporaries of the compiled update program (`memory_analysis()`), for `tiny` and for two
+  layers of SmolLM2-135M (its 49152-token head)."""
+  cfg = PRESETS["tiny"] if shape == "tiny" else get_shape(shape).replace(n_layers=2)
+  updater = PolicyUpdater(init_model(cfg, seed=0), make_mesh(1, 1, 1, jax.devices()[:1]),
+                          GRPOConfig(), OptimConfig(), SamplingParams())
+  n = tokens // 2
+  zeros = lambda *s: np.zeros(s, np.float32)
+  mb = PolicyBatch(np.zeros((rows, tokens), np.int32), np.full(rows, tokens - n, np.int32),
+                   zeros(rows, n), zeros(rows), None, zeros(rows, n))
+  grads = jax.tree.map(jax.numpy.zeros_like, updater.params)
+  compiled = updater._grad.lower(updater.params, grads, updater._put(mb), np.float32(1)).compile()
+  measured = compiled.memory_analysis().temp_size_in_bytes
+  loop = LoopConfig("unused", steps=1, prompts_per_step=rows, group_size=1, mesh_shape=(1, 1, 1))
+  engine = EngineConfig(prefill_buckets=(tokens - n,), batch_buckets=(1,), max_batch=1)
+  plan = memory.plan_memory(cfg, loop, engine, param_dtype="float32", compute_dtype="float32",
+                            prompt_len=tokens - n, max_new_tokens=n, target=PlanTarget())
+  parts = dict((name, b) for name, b, _ in plan.rows)
+  planned = parts["update activations"] + parts["micro-batch gradient"]
+  print(f"{shape}: measured {measured / 1e6:.1f} MB, planned {planned / 1e6:.1f} MB")
+  assert planned / 1.5 < measured < planned * 1.5, (measured / 1e6, planned / 1e6)

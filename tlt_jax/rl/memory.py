@@ -11,14 +11,19 @@ temporaries are estimates whose formulas are written beside each row of the plan
 - update activations, per layer and token of a micro-batch's rows on one device, in the compute
   dtype: `6D + (2NH + 2KH + 3F) / tp` without rematerialisation, the layer's input `D` only
   with `remat = "full"` and `D + (2NH + 2KH + 3F) / tp` with `"dots"` (the weight matmuls'
-  outputs); plus, for the layer being differentiated, its attention scores and probabilities
-  (`2 x N / tp x T^2` float32 per row: XLA's attention materialises them) and, without remat,
-  the same for every layer; plus the head's logits, log-softmax and their gradient
-  (`3 x T x V / tp` float32 per row).
+  outputs); plus, for the layer being differentiated, its attention scores, probabilities and
+  their gradient (`3 x N / tp x T^2` float32 per row: XLA's attention materialises them) and,
+  without remat, the same for every layer; plus the head's logits, log-softmax and their
+  gradient (`3 x T x V / tp` float32 per row).
+- a micro-batch's gradient, before it is added to the accumulated one.
 - decode temporaries: the logits, the processed distribution and the noise of a full batch
   (`3 x max_batch x V` float32), and one layer's scores over the cache.
 - with several processes the rollout reads the policy whole from each process's first device
   (`distributed.local_copy`): its full parameter bytes are counted there.
+
+Without remat these are within 1.5x of the temporaries XLA reports for the update's program on
+CPU (`memory_analysis()`, `tests/rl/test_memory.py`); with remat XLA's CPU figure does not
+shrink, so the remat rows are estimates only there.
 """
 
 from __future__ import annotations
@@ -111,7 +116,8 @@ def _activations(cfg: ModelConfig, rows: float, tokens: int, tp: int, remat: str
   """The update's activation bytes for `rows` rows of `tokens` on one device (module docstring)."""
   d, heads = cfg.d_model, (2 * cfg.n_heads * cfg.hd + 2 * cfg.n_kv_heads * cfg.hd + 3 * cfg.d_ff)
   per_token = {"none": 6 * d + heads / tp, "dots": d + heads / tp, "full": d}[remat]
-  scores = 2 * cfg.n_heads / tp * tokens ** 2 * 4  # float32 scores and probabilities, per row
+  # float32 scores, probabilities and, in the backward pass, their gradient, per row
+  scores = 3 * cfg.n_heads / tp * tokens ** 2 * 4
   layers_with_scores = cfg.n_layers if remat == "none" else 1
   head = 3 * tokens * cfg.vocab_size / tp * 4
   total = rows * (cfg.n_layers * tokens * per_token * width + layers_with_scores * scores + head)
@@ -143,6 +149,7 @@ def plan_memory(cfg: ModelConfig, loop: LoopConfig, engine: EngineConfig, *, par
       ("parameters", master, f"{param_dtype}, split over fsdp={fsdp} x tp={tp}"),
       ("optimizer state", 2 * master, "AdamW's two moments, laid out as the parameters"),
       ("gradients", master, "one accumulated gradient, laid out as the parameters"),
+      ("micro-batch gradient", master, "a micro-batch's gradient before it is added"),
       ("update activations", act, act_how),
       ("rollout weights", sharded_bytes(abstract, shard, compute_dtype),
        f"{compute_dtype} copy, split over the shard's tp={engine.tp}"),
