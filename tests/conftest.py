@@ -50,6 +50,7 @@ if (os.environ["JAX_PLATFORMS"] == "cpu"
 FAST_COMPILE = os.environ.get("TLT_TESTS_FAST_COMPILE", CHEAP_LEVEL)
 
 import pytest
+from flax import nnx
 
 from tlt_jax.models import ModelConfig, init_model
 
@@ -64,6 +65,11 @@ def small_config(**kw) -> ModelConfig:
 @pytest.fixture
 def small_model():
   return init_model(small_config(), seed=0)
+
+
+# A model's forward, jitted: called eagerly, each of its ops builds its own program for each new
+# shape, which made the model tests compile hundreds of programs.
+jit_forward = nnx.jit(lambda model, *args, **kw: model(*args, **kw))
 
 
 def run_on_fake_devices(module: str, devices: int = 2, timeout: int = 300) -> dict:

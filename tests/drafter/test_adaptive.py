@@ -65,11 +65,15 @@ def test_every_buffered_hidden_state_equals_a_full_forward(sd_rollout):
   assert isinstance(batch_hidden, jax.Array) and batch_hidden.devices() == {buf.device}
   segs = buf.segments()
   assert added == segs and len(segs) == 12 and all(s.version == 3 and s.step == 7 for s in segs)
+  # One causal forward over every sequence, right-padded: padding leaves earlier positions be.
+  fulls = [list(prompts[i // 2]) + res.response(i) for i in range(len(segs))]
+  width = max(len(f) for f in fulls)
+  padded = np.asarray([f + [0] * (width - len(f)) for f in fulls])
+  hidden_all = np.asarray(nnx.jit(lambda m, t: m(t).hidden_BxTxD)(target, jnp.asarray(padded)))
   worst = 0.0
   for i, seg in enumerate(segs):
-    p = prompts[i // 2]
-    full = list(p) + res.response(i)
-    want = target(jnp.asarray([full])).hidden_BxTxD[0, len(p) - 1:]
+    p, full = prompts[i // 2], fulls[i]
+    want = hidden_all[i, len(p) - 1:len(full)]
     assert seg.length == len(want) == 1 + int(res.lengths[i])
     np.testing.assert_array_equal(seg.tokens_L, [p[-1]] + res.response(i))
     hidden = buf.hidden(seg)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.conftest import small_config
+from tests.conftest import jit_forward, small_config
 from tests.spec.test_spec_engine import PARAMS, PROMPT, V, _exact_joint, _prompts, peaked_model
 from tests.statistics import pooled_chi_square_pvalue
 from tlt_jax.drafter.model import DrafterConfig, drafter_cache, init_drafter
@@ -29,11 +29,11 @@ def test_drafter_cache_decoding_equals_its_full_forward(layers):
   d = init_drafter(target.cfg, DrafterConfig(feature_layers=layers), seed=1)
   emb = jax.random.normal(jax.random.key(0), (2, 9, 32))
   h = jax.random.normal(jax.random.key(1), (2, 9, 32))
-  full, _ = d(emb, h)
+  full, _ = jit_forward(d, emb, h)
   cache = drafter_cache(target.cfg, 2, 16)
-  a, cache = d(emb[:, :5], h[:, :5], cache)
+  a, cache = jit_forward(d, emb[:, :5], h[:, :5], cache)
   cache = commit(cache, jnp.array([5, 5]))
-  b, _ = d(emb[:, 5:], h[:, 5:], cache)
+  b, _ = jit_forward(d, emb[:, 5:], h[:, 5:], cache)
   np.testing.assert_allclose(jnp.concatenate([a, b], 1), full, atol=1e-5)
 
 
@@ -295,11 +295,11 @@ def test_unrolled_training_depths_equal_cached_drafting(layers):
   for t in (0, 3, n - 1 - steps):
     cache = drafter_cache(target.cfg, 2, 32)
     if t:
-      _, cache = d(emb[:, 1: t + 1], h[:, :t], cache)
+      _, cache = jit_forward(d, emb[:, 1: t + 1], h[:, :t], cache)
       cache = commit(cache, jnp.array([t, t]))
     feat = h[:, t: t + 1]
     for j in range(1, steps + 1):
-      feat, cache = d(emb[:, t + j: t + j + 1], feat, cache)
+      feat, cache = jit_forward(d, emb[:, t + j: t + j + 1], feat, cache)
       cache = commit(cache, jnp.array([1, 1]))
       np.testing.assert_allclose(gs[j - 1][:, t], feat[:, 0], atol=1e-5)
 

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.conftest import jit_forward
 from tlt_jax.models import CacheOverflowError, check_overflow, commit, init_cache
 
 
@@ -18,18 +19,19 @@ def _valid_equal(c1, c2):
 
 
 def _prefilled(model, toks, n):
-  return commit(model(toks, init_cache(model.cfg, toks.shape[0], 20)).cache, jnp.full((toks.shape[0],), n))
+  return commit(jit_forward(model, toks, init_cache(model.cfg, toks.shape[0], 20)).cache,
+                jnp.full((toks.shape[0],), n))
 
 
 def test_keeping_an_accepted_prefix_equals_writing_only_that_prefix(small_model):
   toks = jax.random.randint(jax.random.key(0), (2, 10), 3, 53)
   cache = _prefilled(small_model, toks[:, :4], 4)
   n_accept = jnp.array([2, 5])
-  kept = commit(small_model(toks[:, 4:10], cache).cache, n_accept)
+  kept = commit(jit_forward(small_model, toks[:, 4:10], cache).cache, n_accept)
   for b in range(2):
     n = int(n_accept[b])
-    ref = commit(small_model(toks[b:b + 1, 4:4 + n], jax.tree.map(lambda x: x[b:b + 1], cache)).cache,
-                 jnp.array([n]))
+    row = jax.tree.map(lambda x: x[b:b + 1], cache)
+    ref = commit(jit_forward(small_model, toks[b:b + 1, 4:4 + n], row).cache, jnp.array([n]))
     _valid_equal(jax.tree.map(lambda x: x[b:b + 1], kept), ref)
 
 
@@ -41,10 +43,10 @@ def test_keeping_a_tree_path_equals_writing_the_path(small_model):
   toks = jax.random.randint(jax.random.key(1), (1, 8), 3, 53)
   cache = _prefilled(small_model, toks[:, :4], 4)
   tree = toks[:, 4:8]
-  out = small_model(tree, cache, tree_mask_TxT=anc, depth_T=depth)
+  out = jit_forward(small_model, tree, cache, tree_mask_TxT=anc, depth_T=depth)
   kept = commit(out.cache, jnp.array([3]), accept_idx_BxA=jnp.array([[0, 2, 3, 1]]))
   path = tree[:, jnp.array([0, 2, 3])]
-  ref = commit(small_model(path, cache).cache, jnp.array([3]))
+  ref = commit(jit_forward(small_model, path, cache).cache, jnp.array([3]))
   _valid_equal(kept, ref)
   assert parents  # documented structure
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.conftest import small_config
+from tests.conftest import jit_forward, small_config
 from tlt_jax.models import commit, init_cache, init_model
 from tlt_jax.models.weights import assign, export, permute_rope_rows
 
@@ -17,10 +17,10 @@ def _rand_tokens(key, b, t, v=53):
 
 def test_cache_one_token_at_a_time_equals_full_forward_with_ragged_prompts(small_model):
   toks = _rand_tokens(1, 3, 20)
-  full = small_model(toks)
+  full = jit_forward(small_model, toks)
   prompt_lens = jnp.array([5, 9, 3])
   cache = init_cache(small_model.cfg, 3, 32)
-  out = small_model(toks[:, :9], cache)  # padded prefill; rows commit their own length
+  out = jit_forward(small_model, toks[:, :9], cache)  # padded prefill; rows commit their own length
   cache = commit(out.cache, prompt_lens)
   for b in range(3):
     np.testing.assert_allclose(out.logits_BxTxV[b, : prompt_lens[b]],
@@ -29,7 +29,7 @@ def test_cache_one_token_at_a_time_equals_full_forward_with_ragged_prompts(small
   for _ in range(8):
     pos = cache.lengths_B
     step_toks = jnp.take_along_axis(toks, pos[:, None], axis=1)
-    out = small_model(step_toks, cache)
+    out = jit_forward(small_model, step_toks, cache)
     cache = commit(out.cache, jnp.ones(3, jnp.int32))
     want = jnp.take_along_axis(full.logits_BxTxV, pos[:, None, None], axis=1)
     np.testing.assert_allclose(out.logits_BxTxV, want, atol=1e-5)
@@ -39,10 +39,10 @@ def test_cache_one_token_at_a_time_equals_full_forward_with_ragged_prompts(small
 
 def test_cache_many_tokens_at_once_equals_full_forward(small_model):
   toks = _rand_tokens(2, 2, 16)
-  full = small_model(toks)
-  cache = commit(small_model(toks[:, :6], init_cache(small_model.cfg, 2, 24)).cache,
+  full = jit_forward(small_model, toks)
+  cache = commit(jit_forward(small_model, toks[:, :6], init_cache(small_model.cfg, 2, 24)).cache,
                  jnp.array([6, 6]))
-  out = small_model(toks[:, 6:11], cache)
+  out = jit_forward(small_model, toks[:, 6:11], cache)
   np.testing.assert_allclose(out.logits_BxTxV, full.logits_BxTxV[:, 6:11], atol=1e-5)
 
 
@@ -73,11 +73,11 @@ def test_tree_mask_decoding_equals_full_forward_along_each_path(small_model):
   parents, anc, depth = _tree()
   prefix = _rand_tokens(3, 1, 6)
   tree_toks = _rand_tokens(4, 1, len(parents))
-  cache = commit(small_model(prefix, init_cache(small_model.cfg, 1, 24)).cache, jnp.array([6]))
-  out = small_model(tree_toks, cache, tree_mask_TxT=anc, depth_T=depth)
+  cache = commit(jit_forward(small_model, prefix, init_cache(small_model.cfg, 1, 24)).cache, jnp.array([6]))
+  out = jit_forward(small_model, tree_toks, cache, tree_mask_TxT=anc, depth_T=depth)
   for node in range(len(parents)):
     seq = jnp.concatenate([prefix, tree_toks[:, _path(parents, node)]], axis=1)
-    ref = small_model(seq).logits_BxTxV[:, -1]
+    ref = jit_forward(small_model, seq).logits_BxTxV[:, -1]
     np.testing.assert_allclose(out.logits_BxTxV[:, node], ref, atol=1e-5)
 
 

@@ -123,7 +123,8 @@ def test_replay_beside_speculation_and_without_compiles(model):
   plain = _engine(model, replay_chunk=0).generate(prompts, g, params, key, addresses=addr)
   stored = [plain.response(i)[: max(plain.lengths[i] // 2, 1)] for i in range(len(addr))]
   spec = SpecConfig(arms=(Strategy("suffix", 3, 2),), threshold=8)
-  eng = _engine(model, spec=spec, max_prompt_len=16)
+  # Two batch buckets (6 rows compact from 8 to 2): the warm-up builds half the programs.
+  eng = _engine(model, spec=spec, max_prompt_len=16, batch_buckets=(2, 8))
   eng.warm_up([(len(prompts), g)], params, [len(p) for p in prompts])
   built = compiles.Since()
   res = eng.generate(prompts, g, params, key, addresses=addr, replay=stored)

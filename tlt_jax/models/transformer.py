@@ -32,10 +32,12 @@ def _block_forward(block, x_BxTxD, positions_BxT, mask_BxTxT):
   return block(x_BxTxD, positions_BxT, mask_BxTxT)
 
 
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class ModelOutput:
   """Logits `[B, T, V]`, final (post-norm) hidden states `[B, T, D]`, the updated cache, and,
-  when asked for, each layer's output `[B, T, D]` (index 0 is the embedding)."""
+  when asked for, each layer's output `[B, T, D]` (index 0 is the embedding). A pytree, so a
+  jitted forward can return it whole."""
 
   logits_BxTxV: jax.Array
   hidden_BxTxD: jax.Array
