@@ -29,6 +29,7 @@ shrink, so the remat rows are estimates only there.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax.numpy as jnp
@@ -129,7 +130,7 @@ def plan_memory(cfg: ModelConfig, loop: LoopConfig, engine: EngineConfig, *, par
                 compute_dtype: str, prompt_len: int, max_new_tokens: int, target: PlanTarget,
                 drafter: DrafterConfig | None = None) -> MemoryPlan:
   """The busiest device's memory for a run of model `cfg` with these settings on `target`."""
-  abstract = nnx.state(abstract_model(cfg.replace(param_dtype=param_dtype)), nnx.Param)
+  abstract = abstract_params(cfg.replace(param_dtype=param_dtype))
   data, fsdp, tp = planned_mesh(loop.mesh_shape, target)
   update = {FSDP: fsdp, TP: tp}
   master = sharded_bytes(abstract, update)
@@ -168,6 +169,13 @@ def plan_memory(cfg: ModelConfig, loop: LoopConfig, engine: EngineConfig, *, par
     rows.append(("gathered policy", sharded_bytes(abstract, {}),
                  "the whole policy on each process's first device (distributed.local_copy)"))
   return MemoryPlan(tuple(rows), target.device_gb * GB)
+
+
+@functools.lru_cache(maxsize=8)
+def abstract_params(cfg: ModelConfig):
+  """The shapes of model `cfg`'s parameters (a state of `jax.ShapeDtypeStruct`s), traced once per
+  shape: tracing a 28-layer model's construction takes seconds."""
+  return nnx.state(abstract_model(cfg), nnx.Param)
 
 
 def planned_mesh(mesh_shape: tuple[int, ...], target: PlanTarget) -> tuple[int, int, int]:
