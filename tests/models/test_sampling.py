@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.statistics import chi_square_pvalue
-from tlt_jax.models.sampling import SamplingParams, processed_logprobs, sample
+from tlt_jax.models.sampling import SamplingParams, gumbel_noise, processed_logprobs, sample
 
 LOGITS = jnp.array([2.0, 1.5, 1.0, 0.2, -0.5, -1.0])
 
@@ -53,6 +53,22 @@ def test_noise_is_addressed_by_sample_and_position():
   np.testing.assert_array_equal(a, b[::-1])
   c, _ = sample(logits, params, key, jnp.array([0, 1, 2, 3]), jnp.array([6, 6, 6, 6]))
   assert not np.array_equal(a, c)
+
+
+def test_a_zero_padded_address_is_the_noise_of_its_first_word():
+  """`[i]` and `[i, 0, 0, 0, 0]` are the same noise (a held-out evaluation's under either noise
+  mode), `[i]` is `fold_in(fold_in(key, i), t)` as before; addresses that differ in any word,
+  zeros between or after other words included, are different noise."""
+  key = jax.random.key(3)
+  ids, pos = jnp.arange(6), jnp.arange(6) + 2
+  padded = jnp.stack([ids] + [jnp.zeros(6, jnp.int32)] * 4, axis=1)
+  np.testing.assert_array_equal(gumbel_noise(key, ids, pos, 50), gumbel_noise(key, padded, pos, 50))
+  want = jax.random.gumbel(jax.random.fold_in(jax.random.fold_in(key, 4), 6), (50,), jnp.float32)
+  np.testing.assert_array_equal(gumbel_noise(key, ids, pos, 50)[4], want)
+  addresses = jnp.array([[7, 0, 0, 0, 0], [7, 0, 0, 0, 1], [7, 0, 0, 1, 0], [7, 0, 1, 0, 0],
+                         [7, 1, 0, 0, 0], [7, 0, 0, 1, 1], [0, 0, 0, 0, 1], [0, 0, 0, 0, 0]])
+  g = np.asarray(gumbel_noise(key, addresses, jnp.zeros(8, jnp.int32), 50))
+  assert len({row.tobytes() for row in g}) == 8
 
 
 def test_greedy_is_argmax_and_bad_params_raise():

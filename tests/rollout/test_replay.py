@@ -113,6 +113,19 @@ def test_replay_gives_the_tokens_of_decoding_afresh(model, temperature, scale):
   assert 0.0 < replayed.timeline.summary()["replay_fraction"] < 1.0
 
 
+def test_without_addresses_an_engine_under_prompt_noise_samples_as_one_under_step_noise(model):
+  """A held-out evaluation passes no addresses: its rows' sample ids padded to the prompt
+  address width are the noise of the ids alone, so the same policy gives the same samples under
+  either noise mode."""
+  prompts, g = _prompts(3, seed=4), 2
+  params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_tokens=STOPS)
+  prompt_noise = _engine(model, replay_chunk=0).generate(prompts, g, params, jax.random.key(9))
+  step = RolloutEngine(model, EngineConfig(batch_buckets=(1, 2, 4, 8), max_batch=8,
+                                           steps_per_dispatch=3, precompile=False))
+  np.testing.assert_array_equal(
+      prompt_noise.tokens, step.generate(prompts, g, params, jax.random.key(9)).tokens)
+
+
 def test_replay_beside_speculation_and_without_compiles(model):
   """With a coupled suffix arm: replay then speculation, the tokens of plain decoding; after a
   warm-up nothing compiles."""

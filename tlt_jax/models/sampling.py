@@ -80,10 +80,16 @@ def argmax(x: jax.Array, axis: int = -1) -> jax.Array:
 
 def noise_key(key: jax.Array, sample_id, position) -> jax.Array:
   """The key of sample `sample_id` (an id, or an address of one or more words) at response
-  position `position`."""
-  sample_id = jnp.asarray(sample_id)
-  for word in (sample_id[None] if sample_id.ndim == 0 else sample_id):
-    key = jax.random.fold_in(key, word)
+  position `position`: one fold per word, but for the zero words that end an address after its
+  first word (so `[i]` and `[i, 0, ..., 0]` are the same noise, whatever the address width: a
+  held-out evaluation samples alike under either noise mode), then one for the position."""
+  words = jnp.atleast_1d(jnp.asarray(sample_id))
+  key = jax.random.fold_in(key, words[0])
+  nonzero = words[1:] != 0
+  # How many words after the first are folded: up to the last non-zero one.
+  n = jnp.max(jnp.where(nonzero, jnp.arange(1, len(words)), 0), initial=0)
+  for i in range(1, len(words)):
+    key = jnp.where(i <= n, jax.random.fold_in(key, words[i]), key)
   return jax.random.fold_in(key, position)
 
 

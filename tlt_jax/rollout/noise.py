@@ -1,7 +1,9 @@
 """Where a row's randomness comes from: its noise address.
 
 A row's noise at response position `t` is `fold_in(fold_in(key, address...), t)`, one fold per
-word of its address (`models/sampling.noise_key`). Two ways to address it (`rollout.noise`):
+word of its address but for the zero words that end it after the first
+(`models/sampling.noise_key`): a sample id padded with zeros is the noise of the id alone. Two
+ways to address it (`rollout.noise`):
 
 - `"step"` (one word, the sample id `i = prompt_index * G + g` in the call): the caller's key
   changes every RL step, so every step's samples are fresh draws.
