@@ -306,6 +306,12 @@ def update_widths(width: int, min_width: int = 8) -> list[int]:
   return widths + [width]
 
 
+def group_width(longest: int, min_width: int, width: int) -> int:
+  """A micro-batch's sequence width: the smallest power of two (at least `min_width`) that holds
+  its `longest` row, at most the rows' `width`."""
+  return min(max(min_width, 1 << max(longest - 1, 0).bit_length()), width)
+
+
 def budget_rows(max_tokens: int, width: int, devices: int, most: int) -> int:
   """The rows of a token-budget micro-batch of sequence `width`: as many per device as
   `max_tokens` holds (at least one), over `devices`, and no more than `most` rows need."""
@@ -324,7 +330,7 @@ def token_groups(used_R: np.ndarray, max_tokens: int, width: int, devices: int, 
   order = np.argsort(-used_R, kind="stable")
   out, i = [], 0
   while i < len(order):
-    w = min(max(min_width, 1 << max(int(used_R[order[i]]) - 1, 0).bit_length()), width)
+    w = group_width(int(used_R[order[i]]), min_width, width)
     padded = budget_rows(max_tokens, w, devices, most)
     idx = order[i:i + padded]
     out.append((np.sort(idx), w, padded))
@@ -349,6 +355,5 @@ def length_groups(used_R: np.ndarray, groups: int, width: int, min_width: int = 
   out = []
   for idx in np.split(order, groups):
     longest = int(used_R[idx].max()) if len(idx) else 0
-    w = max(min_width, 1 << max(longest - 1, 0).bit_length())
-    out.append((np.sort(idx), min(w, width)))
+    out.append((np.sort(idx), group_width(longest, min_width, width)))
   return out
