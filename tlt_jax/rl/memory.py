@@ -22,8 +22,7 @@ temporaries are estimates whose formulas are written beside each row of the plan
   (`distributed.local_copy`): its full parameter bytes are counted there.
 
 Without remat these are within 1.5x of the temporaries XLA reports for the update's program on
-CPU (`memory_analysis()`, `tests/rl/test_memory.py`); with remat XLA's CPU figure does not
-shrink, so the remat rows are estimates only there.
+CPU (`memory_analysis()`, `tests/rl/test_memory.py`); the rows under remat are not compared.
 """
 
 from __future__ import annotations
