@@ -76,21 +76,24 @@ def draft_chain(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, k
   feature) committed.
   """
   b = s0_B.shape[0]
-  cache, tok_B, h = dcache, s0_B, drafter.project(feat_BxF[:, None])
-  drafts, qs, noise = [], [], []
-  for j in range(k):
+  # The feature fed is carried in the dtype the drafter's input layer computes in: the target's
+  # feature and the drafter's own output may differ in dtype, and the layer casts either.
+  as_input = lambda h: h.astype(drafter.fc.dtype or h.dtype)
+
+  def step(carry, j):
+    cache, tok_B, h = carry
     g, cache = drafter(target.embed_tokens(tok_B[:, None]), h, cache)
     cache = kvc.commit(cache, jnp.ones((b,), jnp.int32))
     logq_BxR = processed_logprobs(drafter.logits(target, g)[:, 0], params)
     pos_B = t0_B + 1 + j
+    noise_BxV = None
     if params.greedy:
       idx_B = argmax(logq_BxR)
     elif rule == "coupled":  # the target's own noise, in its token space
       v = target.cfg.vocab_size
-      g_BxV = jax.vmap(lambda i, t: jax.random.gumbel(noise_key(key, i, t), (v,), jnp.float32))(
-          sample_ids_B, pos_B)
-      noise.append(g_BxV)
-      idx_B = argmax(logq_BxR + drafter.of_vocab(g_BxV))
+      noise_BxV = jax.vmap(lambda i, t: jax.random.gumbel(noise_key(key, i, t), (v,),
+                                                          jnp.float32))(sample_ids_B, pos_B)
+      idx_B = argmax(logq_BxR + drafter.of_vocab(noise_BxV))
     else:
       r = logq_BxR.shape[-1]
       g_BxR = jax.vmap(lambda i, t: jax.random.gumbel(
@@ -98,12 +101,14 @@ def draft_chain(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, k
                                                                                 pos_B)
       idx_B = argmax(logq_BxR + g_BxR)
     tok_B = drafter.token_ids(idx_B).astype(jnp.int32)
-    drafts.append(tok_B)
-    qs.append(drafter.on_vocab(jnp.exp(logq_BxR), 0.0))
-    h = g
+    return (cache, tok_B, as_input(g)), (tok_B, drafter.on_vocab(jnp.exp(logq_BxR), 0.0), noise_BxV)
+
+  # A loop, so that the program holds one copy of the drafter's step whatever `k` is.
+  (cache, _, _), outs_K = jax.lax.scan(
+      step, (dcache, s0_B, as_input(drafter.project(feat_BxF[:, None]))), jnp.arange(k))
   committed = cache.replace(lengths_B=dcache.lengths_B + live_B.astype(jnp.int32))
-  return (jnp.stack(drafts, axis=1), jnp.stack(qs, axis=1),
-          jnp.stack(noise, axis=1) if noise else None, committed)
+  rows = lambda x_K: None if x_K is None else jnp.moveaxis(x_K, 0, 1)
+  return (*map(rows, outs_K), committed)
 
 
 def tree_ancestors(parents_BxE, depth: int) -> jax.Array:
