@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from tlt_jax.models.transformer import token_state
 from tlt_jax.rollout.port import DrafterPort
 
 
@@ -61,7 +62,7 @@ class DrafterPublisher:
   def __init__(self, port: DrafterPort, cfg: PublishConfig):
     self.port, self.cfg = port, cfg
     self.events: list[dict] = []
-    graphdef, tgraphdef = port.drafter_graphdef, port.target_graphdef
+    graphdef, tgraphdef = port.drafter_graphdef, port.token_graphdef
 
     @jax.jit
     def hits(dparams, tparams, toks, hidden, mask):
@@ -79,7 +80,7 @@ class DrafterPublisher:
     (`DataBuffer.pack`: tokens, hidden states, mask)."""
     toks, hidden, mask = batch
     put = lambda t: jax.device_put(t, self.port.devices[0])  # wherever they were trained
-    h, v = self._hits(put(dparams), put(target_params), toks, hidden, mask)
+    h, v = self._hits(put(dparams), put(token_state(target_params)), toks, hidden, mask)
     return chain_accept_len(np.asarray(h), np.asarray(v), self.cfg.depth)
 
   @staticmethod

@@ -17,6 +17,7 @@ from flax import nnx
 from tlt_jax import optim
 from tlt_jax.drafter.losses import drafter_loss
 from tlt_jax.drafter.model import Drafter, target_features
+from tlt_jax.models.transformer import token_state, token_view
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +46,8 @@ class DrafterTrainer:
 
   def __init__(self, drafter: Drafter, target, train_cfg: DrafterTrainConfig = DrafterTrainConfig()):
     self.graphdef, self.params = nnx.split(drafter, nnx.Param)
-    self.target_graphdef, self.target_params = nnx.split(target)
+    # Of the target it reads the embedding and head alone (`models.transformer.token_view`).
+    self.target_graphdef, self.target_params = nnx.split(token_view(target))
     self.opt = train_cfg.optimizer()
     self.opt_state = self.opt.init(self.params)
     self.step_count = 0
@@ -66,8 +68,9 @@ class DrafterTrainer:
     self.update_fn = update  # (params, opt_state, target_params, tokens, feats, hidden, mask)
 
   def set_target(self, target_params) -> None:
-    """The policy changed: the shared embedding/head (and features) follow the new weights."""
-    self.target_params = target_params
+    """The policy changed: the shared embedding and head follow its new weights
+    (`target_params`: the policy's parameter state, or that state's `token_state`)."""
+    self.target_params = token_state(target_params)
     self._device = None
 
   def place(self, device) -> None:

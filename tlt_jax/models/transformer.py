@@ -65,23 +65,14 @@ class Block(nnx.Module):
     return x_BxTxD + self.mlp(self.post_attn_norm(x_BxTxD)), (k, v)
 
 
-class Transformer(nnx.Module):
-  """Decoder-only language model. Call with a cache to decode, without for a full forward."""
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, param_dtype=jnp.dtype(cfg.param_dtype),
-                           dtype=jnp.dtype(cfg.dtype), rngs=rngs,
-                           embedding_init=nnx.initializers.normal(0.02))
-    self.embed.embedding.set_metadata(axes=("vocab", "embed"))
-    self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
-    self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=jnp.dtype(cfg.param_dtype))
-    if not cfg.tie_embeddings:
-      self.lm_head = dense(rngs, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), cfg)
+class TokenIO(nnx.Module):
+  """A model's token embedding and LM head (`embed`, and `lm_head` unless the embedding is tied):
+  what a draft model reads of its target. A `Transformer` is one; `token_view` gives one that
+  shares a model's two weights and holds nothing else, so that the drafter's training and checks
+  move only those (`token_state` picks them from a model's state)."""
 
   def embed_tokens(self, tokens_BxT: jax.Array) -> jax.Array:
-    """Token embeddings `[B, T, D]`: with `head`, what a draft model shares with its target
-    (every family's decoder has both, whatever its modules are called)."""
+    """Token embeddings `[B, T, D]`."""
     return self.embed(tokens_BxT)
 
   def head(self, hidden_BxTxD: jax.Array, rows_R: jax.Array | None = None) -> jax.Array:
@@ -102,6 +93,21 @@ class Transformer(nnx.Module):
                         preferred_element_type=jnp.float32)
     return jnp.tensordot(hidden_BxTxD, self.lm_head.kernel[...].astype(hidden_BxTxD.dtype), axes=1,
                          preferred_element_type=jnp.float32)
+
+
+class Transformer(TokenIO):
+  """Decoder-only language model. Call with a cache to decode, without for a full forward."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, param_dtype=jnp.dtype(cfg.param_dtype),
+                           dtype=jnp.dtype(cfg.dtype), rngs=rngs,
+                           embedding_init=nnx.initializers.normal(0.02))
+    self.embed.embedding.set_metadata(axes=("vocab", "embed"))
+    self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+    self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=jnp.dtype(cfg.param_dtype))
+    if not cfg.tie_embeddings:
+      self.lm_head = dense(rngs, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), cfg)
 
   def __call__(self, tokens_BxT: jax.Array, cache: kvc.KVCache | None = None, *,
                positions_BxT: jax.Array | None = None, depth_T: jax.Array | None = None,
@@ -156,6 +162,27 @@ class Transformer(nnx.Module):
       cache = cache.replace(k=tuple(new_k), v=tuple(new_v), overflow_B=cache.overflow_B | over_B)
     return ModelOutput(self.head(hidden), hidden, cache,
                        tuple(layer_outs) if return_layers else None)
+
+
+class TokenView(TokenIO):
+  """The `TokenIO` of a model, sharing its weights (`token_view`)."""
+
+  def __init__(self, cfg: ModelConfig, embed: nnx.Embed, lm_head=None):
+    self.cfg, self.embed = cfg, embed
+    if lm_head is not None:
+      self.lm_head = lm_head
+
+
+def token_view(model: TokenIO) -> TokenView:
+  """`model`'s embedding and head, as a module of their own (the same variables)."""
+  return TokenView(model.cfg, model.embed, getattr(model, "lm_head", None))
+
+
+def token_state(state) -> nnx.State:
+  """The part of a model's parameter state (`nnx.state(model)`) that its `token_view` holds, in
+  the structure `nnx.split(token_view(model))` gives (nested dicts under the state)."""
+  plain = lambda x: {k: plain(v) for k, v in x.items()} if isinstance(x, nnx.State) else x
+  return nnx.State({k: plain(state[k]) for k in ("embed", "lm_head") if k in state})
 
 
 def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:

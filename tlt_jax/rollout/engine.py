@@ -28,6 +28,7 @@ from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.precision import DTYPES
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.sharding import check_tp
+from tlt_jax.models.transformer import token_view
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.captured import CapturedHidden
 from tlt_jax.rollout.plain import pad_prompts
@@ -186,6 +187,7 @@ class RolloutEngine:
                              attention=self.attention, cache_dtype=self.cache_dtype,
                              spec_config=spec, words=self.words, replay_chunk=replay_chunk)
     self.pool = self.programs.pool
+    self.token_graphdef = nnx.split(token_view(model))[0]  # what a drafter reads of the policy
 
   # ------------------------------------------------------------------ generate
 
@@ -194,7 +196,7 @@ class RolloutEngine:
     top = bucket_for(self.cfg.max_batch, self.cfg.batch_buckets)
     return DrafterPort(tuple(self.devices), self.model_cfg.d_model, self.model_cfg.dtype,
                        tuple(b for b in self.cfg.batch_buckets if b <= top),
-                       self.programs.graphdef, self.programs.dgraphdef, self.weights)
+                       self.token_graphdef, self.programs.dgraphdef, self.weights)
 
   def generate(self, prompts: list[list[int]], group_size: int, params: SamplingParams,
                key: jax.Array, *, capture_hidden: bool = False,

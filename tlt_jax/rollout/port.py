@@ -1,8 +1,9 @@
 """What the drafter package may read of a rollout engine and publish to it, and nothing else:
 the devices its hidden states are captured on (and the idle windows' devices), their width and
-dtype, the batch buckets a rollout harvests at, the target's and the draft model's graph
-definitions (to score a candidate as the engine would run it), and the drafter versions: read
-the one in use, install a new one on every shard."""
+dtype, the batch buckets a rollout harvests at, the graph definitions of the target's embedding
+and head (`models.transformer.token_view`) and of the draft model (to score a candidate as the
+engine would run it), and the drafter versions: read the one in use, install a new one on
+every shard."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ class DrafterPort:
   hidden_width: int              # D of the captured hidden states
   hidden_dtype: str              # their dtype: the target's compute dtype
   harvest_buckets: tuple         # batch buckets a call can harvest rows at
-  target_graphdef: object
+  token_graphdef: object         # the target's embedding and head (`token_view`)
   drafter_graphdef: object
   _weights: object               # the engine's WeightStore: versions live there
 
