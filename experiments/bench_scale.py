@@ -1,8 +1,8 @@
 """What the multi-process runtime costs: the same TLT run as 1 process x 2 devices and as
 2 processes x 1 device (`experiments.launch_local`; both: data parallelism 2 in the update, two
 rollout shards), each a fresh run. Prints both wall times and their ratio, and per step (first
-step left out) the seconds and bytes of the cross-process collectives (the rollout's gather,
-the policy's all-gather to the rollout devices) and of the weight sync; last line one JSON
+step left out) the seconds and bytes of the cross-process collectives (the rollout's gather)
+and of the weight sync; last line one JSON
 object. The rewards of the two runs must be identical (the `coupled` rule).
 
   python -m experiments.bench_scale
@@ -28,7 +28,7 @@ _RUN = flags.DEFINE_string("run_config", "experiments/configs/tiny_tlt.py:scale"
 _OUT = flags.DEFINE_string("out_dir", "runs/bench_scale", "where the two runs go (replaced)")
 
 _STEP_KEYS = ("step_s", "rollout_s", "time/update_s", "time/weight_sync_s", "time/collective_s",
-              "train/collective_bytes")
+              "train/collective_bytes", "train/sync_bytes")
 
 
 def _timed(command: list[str], env: dict) -> float:
@@ -74,7 +74,8 @@ def main(argv):
     print(f"[bench_scale] {name}: wall {f['wall_s']:.1f} s (warm-up {f['warmup_s']:.1f} s), "
           f"step {f['step_s_per_step']:.3f} s, collectives {f['collective_s_per_step']:.4f} s "
           f"and {f['collective_bytes_per_step'] / 1e6:.2f} MB, weight sync "
-          f"{f['weight_sync_s_per_step']:.4f} s per step")
+          f"{f['weight_sync_s_per_step']:.4f} s and {f['sync_bytes_per_step'] / 1e6:.2f} MB "
+          "per step")
   print(f"[bench_scale] 2 processes / 1 process: wall {summary['wall_ratio']:.3f}x, step "
         f"{summary['step_ratio']:.3f}x; rewards identical: {summary['rewards_identical']}")
   print(json.dumps(summary))

@@ -37,8 +37,8 @@ def _recipe(c: ml_collections.ConfigDict, name: str) -> None:
   its batch (64 rows in 16 GB; 16 rows in 4 GB), the update fully sharded over every device of
   every host (7B's heads, MLP and logits also split over tp = 2), micro-batches of at most 8704
   tokens per device (one row of 512 + 8192 tokens, or several shorter ones), rematerialised.
-  Of the 7B recipe's 66.9 GB per device, 30 GB is the whole policy each process's first device
-  holds for the rollout (`distributed.local_copy`, float32); docs/SCALING.md."""
+  The rollout shards are the update's devices, so each sync reshards the policy into them and
+  no device holds it whole; docs/SCALING.md."""
   big = name == "qwen2p5_7b_64xh100"
   c.model.compute_dtype = "bfloat16"  # over float32 masters (the default param_dtype)
   c.rollout.max_new_tokens = 8192

@@ -69,13 +69,20 @@ def _json_of(out: str, prefix: str = "") -> dict:
                     [len(prefix):])
 
 
-def test_a_rollout_spread_over_processes_gives_the_tokens_of_one_process():
+def test_a_rollout_spread_over_processes_in_tp_shards_gives_the_tokens_of_one_process():
   one = _run([PY, "-m", "tests.distributed.rollout_worker"], 300, _env(fast_compile=True))
   assert one.returncode == 0, one.stdout[-3000:]
-  two = _launch(2, PY, "-m", "tests.distributed.rollout_worker", timeout=300, fast_compile=True)
+  two = _launch(2, PY, "-m", "tests.distributed.rollout_worker", devices=2, timeout=300,
+                fast_compile=True)
   assert two.returncode == 0, two.stdout[-3000:]
   a, b = _json_of(one.stdout), _json_of(two.stdout, "[p0] ")
   assert (a["processes"], b["processes"]) == (1, 2)
+  # Each process's shard of tp = 2 got its split of every projection from the update's layout
+  # (fsdp over the 4 devices of both processes), and no device of it a whole one; the sync
+  # brought its devices less than the policy (a gather brings each device all of it).
+  # (qkv, o, gate_up and down in each of the 2 layers)
+  assert b["split"]["projections"] == 8 and b["split"]["whole"] == [], b["split"]
+  assert 0 < b["sync_bytes"] < b["policy_bytes"] <= b["gathered_sync_bytes"], b
   for name in ("greedy", "sampled", "replayed"):
     assert b[name]["local_rows"] == 6 and a[name]["local_rows"] == 12  # really split
     assert b[name]["tokens"] == a[name]["tokens"] and b[name]["lengths"] == a[name]["lengths"]

@@ -49,20 +49,26 @@ def test_parameter_bytes_are_the_models_and_split_over_the_update_mesh():
 
 def test_the_gpu_recipes_planned_on_cpu():
   """Qwen2.5-1.5B on 8 H100s fits 80 GB; the same recipe with 16 rows per micro-batch (no token
-  budget) and no remat does not. Qwen2.5-7B on 64 H100s fits with its update's fsdp across the
-  hosts, beside the whole policy each process's first device gathers for the rollout today, and
-  does not with fsdp inside each host."""
+  budget) and no remat does not. Qwen2.5-7B on 64 H100s: its rollout shards are the update's
+  devices, so the policy is resharded and never whole; with shards on half of each host's
+  devices it is gathered whole on each process's first device first (30 GB more). With fsdp
+  inside each host its update state and activations take twice the recipe's memory."""
   small = _plan("qwen2p5_1p5b_8xh100")
   assert small.fits and small.limit_bytes == 80 * GB
   assert not _plan("qwen2p5_1p5b_8xh100", max_tokens_per_micro_batch=0, remat="none").fits
   # 16 rows per device per micro-batch without the token budget: more than the budget's one
   assert _plan("qwen2p5_1p5b_8xh100", max_tokens_per_micro_batch=0).total_bytes > small.total_bytes
   big = _plan("qwen2p5_7b_64xh100")
-  gathered = dict((n, b) for n, b, _ in big.rows)["gathered policy"]
+  assert big.fits and "gathered policy" not in dict((n, b) for n, b, _ in big.rows)
+  c = hf_math.get_config("qwen2p5_7b_64xh100")
+  c.rollout.engine.num_shards = 2
+  rc = run_config(c)
+  half = run.plan_for(rc, run.planned_shape(rc), rc.plan)
+  gathered = dict((n, b) for n, b, _ in half.rows)["gathered policy"]
   assert gathered == pytest.approx(7.6e9 * 4, rel=0.01)  # float32 Qwen2.5-7B
-  assert big.fits
+  assert half.total_bytes - gathered == pytest.approx(big.total_bytes, rel=1e-9)
   per_host = _plan("qwen2p5_7b_64xh100", mesh_shape=(-1, 8, 1))
-  assert not per_host.fits and per_host.total_bytes - gathered < 80 * GB
+  assert per_host.total_bytes > 2 * big.total_bytes
   with pytest.raises(ConfigError, match=r"config.train.mesh_shape=\(3, -1, 1\) on 8 process\(es\) "
                                         r"x 8 device\(s\): .* do not split into groups of 3"):
     _plan("qwen2p5_7b_64xh100", mesh_shape=(3, -1, 1))

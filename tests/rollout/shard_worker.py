@@ -47,6 +47,10 @@ def main():
   two.weights.set_policy(sharded)
   c = two.generate(prompts, 2, sampled, jax.random.key(3))
   out["no_recompile"] = len(two.pool) == n
+  # Each shard's device received the halves of the fsdp-split weights it did not hold, and no
+  # byte of the weights it held whole.
+  split = sum(x.nbytes for x in jax.tree.leaves(sharded) if not x.sharding.is_fully_replicated)
+  out["sync_bytes_exact"] = two.weights.sync_bytes == split > 0
   out["mesh_weights_equal"] = bool(np.array_equal(c.tokens, b.tokens))
   out["two_shards_idle_reported"] = len(c.timeline.summary()["shard_idle_s"]) == 2
   # Executables cached on disk load back in a new engine (shard 0's; shard 1 moves them).

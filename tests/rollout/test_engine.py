@@ -154,7 +154,7 @@ def test_pool_reuses_executables_for_new_weights(model):
 def test_shards_and_mesh_weights_in_a_2_device_subprocess():
   out = run_on_fake_devices("tests.rollout.shard_worker")
   assert out == {"greedy_equal": True, "sampled_equal": True, "each_program_compiled_once": True,
-                 "no_recompile": True,
+                 "no_recompile": True, "sync_bytes_exact": True,
                  "mesh_weights_equal": True, "two_shards_idle_reported": True,
                  "executable_cache_per_shard": True}
 

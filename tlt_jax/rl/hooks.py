@@ -125,9 +125,10 @@ class Export(Hook):
 
   @staticmethod
   def _export(trainer, directory: str) -> str:
+    updater = trainer.updater  # every process takes part in gathering the policy
+    policy = nnx.merge(updater.graphdef, distributed.local_copy(updater.params, updater.mesh))
     if distributed.is_writer():
-      save_pretrained(nnx.merge(trainer.updater.graphdef, trainer.policy), trainer.w.tokenizer,
-                      os.path.join(directory, "policy"))
+      save_pretrained(policy, trainer.w.tokenizer, os.path.join(directory, "policy"))
       if trainer.adaptive is not None:
         trainer.adaptive.export(directory, {"rl_step": trainer.step})
     return directory

@@ -18,8 +18,9 @@ temporaries are estimates whose formulas are written beside each row of the plan
 - a micro-batch's gradient, before it is added to the accumulated one.
 - decode temporaries: the logits, the processed distribution and the noise of a full batch
   (`3 x max_batch x V` float32), and one layer's scores over the cache.
-- with several processes the rollout reads the policy whole from each process's first device
-  (`distributed.local_copy`): its full parameter bytes are counted there.
+- with several processes whose rollout shards are not the update's devices, the policy is
+  gathered whole on each process's first device before it is placed (`rollout/weights.py`): its
+  full parameter bytes are counted there. Otherwise it is resharded and never whole.
 
 Without remat these are within 1.5x of the temporaries XLA reports for the update's program on
 CPU (`memory_analysis()`, `tests/rl/test_memory.py`); the rows under remat are not compared.
@@ -38,7 +39,7 @@ from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.errors import ConfigError
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.sharding import FSDP, TP, logical_axes, mesh_devices, spec
-from tlt_jax.models.transformer import abstract_model
+from tlt_jax.models.transformer import abstract_model, token_state
 from tlt_jax.rl.trainer import LoopConfig
 from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.rollout.programs import cache_length
@@ -162,11 +163,14 @@ def plan_memory(cfg: ModelConfig, loop: LoopConfig, engine: EngineConfig, *, par
     head = nnx.state(nnx.eval_shape(lambda: init_drafter(cfg, drafter)), nnx.Param)
     own = sharded_bytes(head, {}, "float32")
     rows.append(("drafter", 4 * own + engine.max_batch * cache_len * 2 * cfg.n_kv_heads * cfg.hd
-                 * width, "its own weights with AdamW and a gradient (float32) and its "
-                          "one-layer cache; it reads the target's embedding and head"))
-  if target.processes > 1:
+                 * width + sharded_bytes(token_state(abstract), {}),
+                 "its own weights with AdamW and a gradient (float32), its one-layer cache, and "
+                 "the target's embedding and head it reads"))
+  if target.processes > 1 and (data * fsdp * tp != target.processes * target.devices
+                               or engine.num_shards * engine.tp != target.devices):
     rows.append(("gathered policy", sharded_bytes(abstract, {}),
-                 "the whole policy on each process's first device (distributed.local_copy)"))
+                 "the rollout shards are not the update's devices: the whole policy on each "
+                 "process's first device (rollout/weights.py)"))
   return MemoryPlan(tuple(rows), target.device_gb * GB)
 
 

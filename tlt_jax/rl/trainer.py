@@ -40,7 +40,7 @@ from tlt_jax.drafter.adaptive import AdaptiveDrafter
 from tlt_jax.drafter.proposer import as_proposer
 from tlt_jax.evaluation import group_stats
 from tlt_jax.models.sharding import make_mesh
-from tlt_jax.models.transformer import REMAT_POLICIES
+from tlt_jax.models.transformer import REMAT_POLICIES, token_state
 from tlt_jax.rl import resume
 from tlt_jax.rl.hooks import loop_hooks
 from tlt_jax.rl.learner import Learner
@@ -178,8 +178,8 @@ class Trainer:
     mesh, self.prompt_bucket = check_layout(loop, engine_cfg, self.pool_prompts, eval_prompts)
     self.updater = PolicyUpdater(workload.model, mesh, learner, optim, workload.params,
                                  loop.micro_batches, loop.remat, loop.max_tokens_per_micro_batch)
-    # The policy as the rollout reads it: whole on this process's first device of the mesh.
-    self.policy = distributed.local_copy(nnx.state(self.updater.model()), self.updater.mesh)
+    # What the adaptive drafter reads of the policy (its embedding and head), on this process.
+    self.token_params = self._token_params()
     if not engine_cfg.max_prompt_len:  # one cache layout for every step: nothing compiles later
       longest = max(len(p) for p in list(self.pool_prompts) + list(eval_prompts or []))
       engine_cfg = dataclasses.replace(engine_cfg, max_prompt_len=longest)
@@ -244,9 +244,10 @@ class Trainer:
                          self.w.params.max_new_tokens, off_policy=off_policy)
     self.updater.learner.advantages(jnp.asarray(np.zeros(rows, np.float32)),
                                     self.group_size)  # as a step converts its rewards
+    self.sync_policy()  # the weight sync's programs (its resharding, its casts)
     self.key(0)
     if ad is not None:
-      ad.warm_up(self.policy, self.w.params.max_new_tokens)
+      ad.warm_up(self.token_params, self.w.params.max_new_tokens)
     return {"warmup_s": round(time.perf_counter() - start, 3), "warmup_programs": built.events}
 
   def train_step(self) -> tuple[dict, dict]:
@@ -273,7 +274,7 @@ class Trainer:
     self.sync_policy()
     t_sync = time.perf_counter() - t_sync
     if self.adaptive is not None:
-      self.adaptive.after_update(self.policy)
+      self.adaptive.after_update(self.token_params)
     t_update = time.perf_counter() - t1
     correct = (first.rewards_PxG() >= 1.0).astype(np.float32)
     summary = res.timeline.summary()
@@ -289,6 +290,7 @@ class Trainer:
         **{f"train/{k}": v for k, v in (metrics | select_metrics).items()},
         "train/logprob_mismatch_max": mismatch,
         "train/collective_bytes": int(self._collective_bytes),
+        "train/sync_bytes": int(self.engine.weights.sync_bytes),
         **(drafter_metrics or {"time/drafter_s": 0.0, "drafter/idle_used_s": 0.0}),
         "rollout_s": round(t_rollout, 4), "time/tail_s": round(tail_seconds(res), 4),
         "time/update_s": round(t_update, 4), "time/weight_sync_s": round(t_sync, 4),
@@ -333,7 +335,7 @@ class Trainer:
     metrics = {}
     if ad is not None:  # it trains on this process's rows (their hidden states stay here)
       metrics = ad.after_rollout(spread.prompts, self.group_size, spread.local, self.step,
-                                 self.updater.step_count, self.policy)
+                                 self.updater.step_count, self.token_params)
     return first, spread.whole, metrics
 
   def _select(self, first: Samples) -> tuple[Samples, dict]:
@@ -355,15 +357,15 @@ class Trainer:
                     "pool_dry": float(kept < self.prompts_per_step)}
 
   def sync_policy(self) -> None:
-    """The updated policy onto this process's rollout shards (`self.policy`: whole on its first
-    device): with several processes, one all-gather over the update's mesh first."""
-    t0 = time.perf_counter()
-    self.policy = distributed.local_copy(nnx.state(self.updater.model()), self.updater.mesh)
-    if jax.process_count() > 1:
-      jax.block_until_ready(self.policy)
-      self._collective_s += time.perf_counter() - t0
-      self._collective_bytes += sum(x.nbytes for x in jax.tree.leaves(self.policy))
-    self.engine.weights.set_policy(self.policy)
+    """The updated policy onto this process's rollout shards, resharded from the update's layout
+    (`rollout/weights.py`), and its embedding and head onto this process for the drafter."""
+    self.engine.weights.set_policy(nnx.state(self.updater.model()))
+    self.token_params = self._token_params()
+
+  def _token_params(self):
+    """The policy's embedding and head (`token_state`), whole on this process's first device of
+    the update's mesh: what the adaptive drafter trains and checks against."""
+    return distributed.local_copy(token_state(self.updater.params), self.updater.mesh)
 
   def run(self, progress: bool = True) -> list[dict]:
     """Warms up, then trains to `steps` (resuming if the run directory has a checkpoint);

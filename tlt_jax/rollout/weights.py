@@ -2,6 +2,12 @@
 (each shard a sub-mesh: `rollout/shards.py`), laid out on the shard's devices by their logical
 axes (`models/sharding.py`: heads and MLP split over the shard's `tp` devices).
 
+The policy may come from a model on this process's devices or from the update's state spanning
+processes: then it is resharded straight into the shards' layouts where the update's devices are
+the shards' (`rollout/reshard.py`), and only otherwise gathered whole on this process's first
+device first (`distributed.local_copy`). `sync_bytes` is what the last installation brought to
+this process's devices.
+
 The store keeps them in the model's compute dtype (`models/precision.py`): a bf16 run's policy is
 cast from its float32 master copy once per sync, not once per step. Weights enter the compiled
 programs as arguments, so installing new ones (the policy after each
@@ -15,8 +21,10 @@ from __future__ import annotations
 import jax
 from jax.sharding import Mesh, NamedSharding
 
+from tlt_jax import distributed
 from tlt_jax.models.precision import compute_copy
 from tlt_jax.models.sharding import param_shardings
+from tlt_jax.rollout.reshard import Resharder, moved_bytes
 from tlt_jax.rollout.shards import placed_shapes, replicated
 
 
@@ -31,6 +39,8 @@ class WeightStore:
   def __init__(self, meshes: list[Mesh], policy_state, drafter_state=None, dtype="float32"):
     self.meshes, self.dtype = list(meshes), dtype
     self.drafter_version = 0
+    self.sync_bytes = 0
+    self._resharder = Resharder(self.meshes, dtype)
     self._drafter, self._abstract_drafter = None, None
     self.set_policy(policy_state)
     if drafter_state is not None:
@@ -38,10 +48,26 @@ class WeightStore:
       self.set_drafter(drafter_state)
 
   def set_policy(self, state) -> None:
-    """Installs new policy weights (e.g. from a sharded trainer) on every shard."""
-    state = compute_copy(state, self.dtype)
-    self._abstract_policy = _abstract(state)
-    self._policy = self._place(state)
+    """Installs new policy weights on every shard: a model's state, or the update's (which may
+    span processes); records the bytes this brought to this process's devices."""
+    spanning = not all(x.is_fully_addressable for x in jax.tree.leaves(state))
+    shards = self._resharder(state) if spanning else None
+    if shards is not None:
+      self.sync_bytes = moved_bytes(state, self._resharder.placed(state))
+    else:
+      self.sync_bytes = 0
+      if spanning:  # the update's devices are not the shards': gathered on one device first
+        mesh = jax.tree.leaves(state)[0].sharding.mesh
+        whole = jax.tree.map(lambda x: replicated(mesh), state)
+        self.sync_bytes = moved_bytes(state, placed_shapes(_abstract(state), whole))
+        state = distributed.local_copy(state, mesh)
+      copy = compute_copy(state, self.dtype)
+      shards = [jax.device_put(copy, param_shardings(copy, mesh)) for mesh in self.meshes]
+      self.sync_bytes += sum(moved_bytes(state, placed_shapes(_abstract(copy),
+                                                              param_shardings(copy, mesh)))
+                             for mesh in self.meshes)
+    self._abstract_policy = _abstract(shards[0])
+    self._policy = shards
 
   def set_drafter(self, state, version: int | None = None) -> None:
     """Installs drafter weights on every shard (between dispatches: never mid-verification) as
@@ -50,16 +76,13 @@ class WeightStore:
       raise ValueError("This engine was built without a drafter.")
     state = compute_copy(state, self.dtype)
     self._abstract_drafter = _abstract(state)
-    self._drafter = self._place(state)
+    self._drafter = [jax.device_put(state, param_shardings(state, mesh)) for mesh in self.meshes]
     self.drafter_version = self.drafter_version + 1 if version is None else version
 
   def sharding(self, s: int) -> NamedSharding:
     """Where shard `s`'s inputs (and decode state, but for its KV cache) live: whole on each of
     its devices."""
     return replicated(self.meshes[s])
-
-  def _place(self, state) -> list:
-    return [jax.device_put(state, param_shardings(state, mesh)) for mesh in self.meshes]
 
   def shard(self, s: int) -> tuple:
     """(policy, drafter or None) on shard `s`: a program's first argument."""
