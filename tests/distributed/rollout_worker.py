@@ -31,7 +31,7 @@ def main():
   rng = np.random.default_rng(0)
   prompts = [rng.integers(3, 53, size=int(rng.integers(2, 14))).tolist() for _ in range(6)]
   tp = 2 if jax.process_count() > 1 else 1
-  layout = EngineConfig(batch_buckets=(2, 4, 8, 16), max_batch=16, steps_per_dispatch=4,
+  layout = EngineConfig(batch_buckets=(4, 16), max_batch=16, steps_per_dispatch=4,
                         precompile=False, tp=tp)
   engine = RolloutEngine(model, layout)
   out = {"processes": jax.process_count()}
