@@ -39,7 +39,7 @@ def _moved(model, scale: float):
 
 
 def _engine(model, replay_chunk=CHUNK, spec=None, **kw):
-  cfg = EngineConfig(**dict(dict(batch_buckets=(1, 2, 4, 8), max_batch=8, steps_per_dispatch=3,
+  cfg = EngineConfig(**dict(dict(batch_buckets=(2, 8), max_batch=8, steps_per_dispatch=3,
                                  precompile=False), **kw))
   return RolloutEngine(model, cfg, noise="prompt", replay_chunk=replay_chunk, spec=spec)
 
@@ -120,7 +120,7 @@ def test_without_addresses_an_engine_under_prompt_noise_samples_as_one_under_ste
   prompts, g = _prompts(3, seed=4), 2
   params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_tokens=STOPS)
   prompt_noise = _engine(model, replay_chunk=0).generate(prompts, g, params, jax.random.key(9))
-  step = RolloutEngine(model, EngineConfig(batch_buckets=(1, 2, 4, 8), max_batch=8,
+  step = RolloutEngine(model, EngineConfig(batch_buckets=(2, 8), max_batch=8,
                                            steps_per_dispatch=3, precompile=False))
   np.testing.assert_array_equal(
       prompt_noise.tokens, step.generate(prompts, g, params, jax.random.key(9)).tokens)
