@@ -36,7 +36,7 @@ def peaked_model(scale=3.0, **cfg):
 
 
 def _run(model, params, prompts, g, spec=None, key=0, **kw):
-  base = dict(batch_buckets=(1, 2, 4, 8, 16), max_batch=16, steps_per_dispatch=3,
+  base = dict(batch_buckets=(4, 16), max_batch=16, steps_per_dispatch=3,
               precompile=False)
   base.update(kw)
   eng = RolloutEngine(model, EngineConfig(**base), spec=spec)
