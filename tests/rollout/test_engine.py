@@ -28,7 +28,7 @@ def model():
 
 
 def _engine(model, **kw):
-  base = dict(batch_buckets=(1, 2, 4, 8, 16), max_batch=16, steps_per_dispatch=4,
+  base = dict(batch_buckets=(4, 8, 16), max_batch=16, steps_per_dispatch=4,
               precompile=False)
   base.update(kw)
   return RolloutEngine(model, EngineConfig(**base))
@@ -56,7 +56,7 @@ def test_the_samples_of_a_prompt_share_one_prefill(model):
   greedy output still equals the plain decode, and sampled output the unshared engine's."""
   prompts, g = _prompts(2, seed=3), 4
   greedy = SamplingParams(temperature=0.0, max_new_tokens=16, stop_tokens=STOPS)
-  eng = _engine(model)
+  eng = _engine(model, batch_buckets=(2, 8), max_batch=8)  # the 2 distinct prompts: u = 2
   res = eng.generate(prompts, g, greedy, jax.random.key(0))
   ref = generate_plain(model, [p for p in prompts for _ in range(g)], jax.random.key(0), greedy)
   np.testing.assert_array_equal(res.tokens, ref.tokens)
