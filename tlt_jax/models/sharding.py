@@ -41,9 +41,13 @@ def make_mesh(data: int = 1, fsdp: int = 1, tp: int = 1, devices=None) -> Mesh:
   if devices is not None:
     groups = [list(devices)]
   else:
-    groups = [sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
-              for p in range(jax.process_count())]
+    groups = [process_devices(p) for p in range(jax.process_count())]
   return Mesh(mesh_devices((data, fsdp, tp), groups), MESH_AXES)
+
+
+def process_devices(p: int) -> list:
+  """The devices process `p` drives, in id order (what its `jax.local_devices()` lists)."""
+  return sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
 
 
 def mesh_devices(shape: tuple[int, int, int], groups: list[list]) -> np.ndarray:

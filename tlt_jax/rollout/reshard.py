@@ -2,12 +2,13 @@
 
 With several processes the update's arrays span processes (`train.mesh_shape`), while each
 process's rollout shards are meshes of its own devices (`rollout/shards.py`). When the shards of
-all processes together are exactly the update mesh's devices, one program over those devices
-casts the policy to the compute dtype and lays it out on the shard grid (`shard_grid`: a row
-per shard, every process's in process order, a column per `tp` device): each device receives
-its own shard's `tp` split, so no device holds a whole projection unless its shard is one
-device. Each process then assembles its shards' arrays from the pieces already on its devices,
-without copying. `moved_bytes` counts what a layout change brings to devices that lacked it.
+all processes together are exactly the update mesh's devices, each weight in turn is cast to the
+compute dtype and laid out on the shard grid (`shard_grid`: a row per shard, every process's in
+process order, a column per `tp` device) by one program over those devices: each device
+receives its own shard's `tp` split, so no device holds a whole projection unless its shard is
+one device. Each process then assembles its shards' arrays from the pieces already on its
+devices, without copying. `moved_bytes` counts what a layout change brings to devices that
+lacked it.
 """
 
 from __future__ import annotations
@@ -19,25 +20,21 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from tlt_jax.models.precision import compute_copy
-from tlt_jax.models.sharding import TP, param_shardings
+from tlt_jax.models.sharding import TP, param_shardings, process_devices
 from tlt_jax.rollout.shards import placed_shapes
 
 REPLICA = "replica"
-
-
-def _process_devices(p: int) -> list:
-  return sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
 
 
 def shard_grid(meshes: list[Mesh]) -> Mesh | None:
   """The `(replica, tp)` mesh whose rows are the rollout shards of every process, assuming each
   process lays its shards out on its own devices as this one does (`meshes`); None when it
   cannot (processes with unequal device counts)."""
-  own = _process_devices(jax.process_index())
+  own = process_devices(jax.process_index())
   positions = [[own.index(d) for d in m.devices.flat] for m in meshes]
   rows = []
   for p in range(jax.process_count()):
-    devices = _process_devices(p)
+    devices = process_devices(p)
     if len(devices) != len(own):
       return None
     rows += [[devices[i] for i in row] for row in positions]
