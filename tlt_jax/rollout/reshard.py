@@ -54,11 +54,15 @@ class Resharder:
   def __init__(self, meshes: list[Mesh], dtype):
     self.meshes, self.dtype = list(meshes), dtype
     self.grid = shard_grid(self.meshes)
+    self._placed = None
 
   def placed(self, state):
-    """`state`'s compute-dtype copy as `ShapeDtypeStruct`s laid out on the shard grid."""
-    out = jax.eval_shape(lambda s: compute_copy(s, self.dtype), state)
-    return placed_shapes(out, param_shardings(out, self.grid))
+    """`state`'s compute-dtype copy as `ShapeDtypeStruct`s laid out on the shard grid (worked
+    out on the first call: a policy's shapes never change)."""
+    if self._placed is None:
+      out = jax.eval_shape(lambda s: compute_copy(s, self.dtype), state)
+      self._placed = placed_shapes(out, param_shardings(out, self.grid))
+    return self._placed
 
   def __call__(self, state) -> list | None:
     """`state` on every shard (a list, one tree per shard); None when the update's devices are

@@ -62,10 +62,11 @@ class WeightStore:
         self.sync_bytes = moved_bytes(state, placed_shapes(_abstract(state), whole))
         state = distributed.local_copy(state, mesh)
       copy = compute_copy(state, self.dtype)
-      shards = [jax.device_put(copy, param_shardings(copy, mesh)) for mesh in self.meshes]
-      self.sync_bytes += sum(moved_bytes(state, placed_shapes(_abstract(copy),
-                                                              param_shardings(copy, mesh)))
-                             for mesh in self.meshes)
+      shards = []
+      for mesh in self.meshes:
+        shardings = param_shardings(copy, mesh)
+        shards.append(jax.device_put(copy, shardings))
+        self.sync_bytes += moved_bytes(state, placed_shapes(_abstract(copy), shardings))
     self._abstract_policy = _abstract(shards[0])
     self._policy = shards
 
