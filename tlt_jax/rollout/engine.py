@@ -63,6 +63,8 @@ class EngineConfig:
   num_shards: int = 1
   tp: int = 1                    # devices per shard: tensor parallelism within a shard
   cache_slack: int = 0
+  # Where compiled executables are kept across processes (and JAX's persistent compilation
+  # cache pointed); empty: JAX's compilation cache directory where one is set, else none.
   compile_cache_dir: str = ""
   precompile: bool = False       # True: generate() compiles its call's other programs in the
   #                                background (a trainer's warm-up builds them all instead)
@@ -161,7 +163,10 @@ class RolloutEngine:
   def __init__(self, model, config: EngineConfig, *, pad_id: int = 0, devices=None,
                spec: SpecConfig | None = None, drafter: DraftModel | None = None,
                costs: CostTable | None = None, noise: str = "step", replay_chunk: int = 0):
-    self.cfg = config = _checked(config, spec, drafter, noise, replay_chunk)
+    config = _checked(config, spec, drafter, noise, replay_chunk)
+    if not config.compile_cache_dir and jax.config.jax_compilation_cache_dir:
+      config = dataclasses.replace(config, compile_cache_dir=jax.config.jax_compilation_cache_dir)
+    self.cfg = config
     self.replay_chunk = replay_chunk
     self.noise = noise  # "prompt": `generate` takes each row's address (`rollout/noise.py`)
     self.words = PROMPT_WORDS if noise == "prompt" else 1
