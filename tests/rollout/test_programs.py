@@ -2,10 +2,15 @@
 a traced layer gives new keys (no stale program is ever loaded), an edit to the trainer keeps the
 cached programs."""
 
+import importlib
 import pathlib
 import shutil
+import sys
 
-from tlt_jax.rollout.programs import TRACED_PACKAGES, traced_source_digest
+from tlt_jax.rollout.programs import (TRACED_PACKAGES, registered_source_digest,
+                                      traced_source_digest)
+from tlt_jax.spec import proposer
+from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "tlt_jax"
 
@@ -27,3 +32,41 @@ def test_the_fingerprint_follows_the_traced_code_only(tmp_path):
     assert traced_source_digest(copy) != before, f
     f.write_text(text)
   assert traced_source_digest(copy) == before
+
+
+PROPOSER_MODULE = '''
+import jax.numpy as jnp
+
+from tlt_jax.spec.drafts import ChainDrafts, ChainProposer
+
+
+class EchoProposer(ChainProposer):
+  name, uses_draft_model, fields = "echo_fingerprint", False, ("depth",)
+
+  def check(self, arm):
+    pass
+
+  def arm_name(self, arm):
+    return f"echo_d{arm.depth}"
+
+  def draft(self, target, drafter, st, s0_B, arm, params, key, rule, live_B):
+    tokens_BxK = jnp.repeat(s0_B[:, None], arm.depth, axis=1)
+    return ChainDrafts(tokens_BxK, jnp.ones(tokens_BxK.shape, bool), None)
+'''
+
+
+def test_the_fingerprint_follows_the_module_of_a_registered_proposer(tmp_path, monkeypatch):
+  """A proposer registered from outside the package is traced too: an edit to its module gives
+  new keys, and specs of the built-in proposers alone do not read any module."""
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setattr(proposer, "PROPOSERS", dict(proposer.PROPOSERS))  # registered for this test
+  digests = []
+  for edit in ("", "\n# an edit to the user's module\n"):
+    (tmp_path / "user_proposer.py").write_text(PROPOSER_MODULE + edit)
+    sys.modules.pop("user_proposer", None)
+    proposer.register(importlib.import_module("user_proposer").EchoProposer())
+    spec = SpecConfig(arms=(Strategy("echo_fingerprint", depth=2),))
+    digests.append(registered_source_digest(spec))
+  assert digests[0] != digests[1]
+  builtin = SpecConfig(arms=(Strategy("suffix", depth=3, ngram=2),))
+  assert registered_source_digest(builtin) == registered_source_digest(None)

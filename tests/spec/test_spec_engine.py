@@ -1,6 +1,7 @@
 """Speculative decoding in the engine: exactness (greedy, coupled), distribution (rejection) with
 wrong variants it must catch, truncation at stop tokens, and the health fallback."""
 
+import inspect
 import itertools
 
 import jax
@@ -10,8 +11,10 @@ import pytest
 
 from tests.conftest import small_config
 from tests.statistics import pooled_chi_square_pvalue
+from tlt_jax.hashing import content_digest
 from tlt_jax.models import init_model
 from tlt_jax.models.sampling import SamplingParams, processed_logprobs
+from tlt_jax.rollout import programs
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec import verify
 from tlt_jax.spec.drafts import ChainDrafts, ChainProposer
@@ -153,9 +156,14 @@ def _accept_all(logp, drafts, q, key, ids, t0):  # wrong: lossy acceptance
 # test_verify.py.
 @pytest.mark.parametrize("wrong", [_residual_from_p, _uniform_q, _accept_all])
 def test_the_distribution_test_catches_subtly_wrong_rules(vmodel, monkeypatch, wrong):
-  """The same test, at depth 1, on three subtly wrong rules."""
+  """The same test, at depth 1, on three subtly wrong rules. The patched rule is part of the
+  traced source, so the engine's executables are keyed by it too (else the suite's executable
+  cache would hand back the real rule's programs)."""
   params = PARAMS[0]
   monkeypatch.setattr(verify, "verify_chain_rejection", wrong)
+  source = programs.traced_source_digest()
+  monkeypatch.setattr(programs, "traced_source_digest",
+                      lambda: content_digest([source, inspect.getsource(wrong)]))
   counts, _ = _sd_joint_counts(vmodel, params, (Strategy(depth=1, ngram=2),))
   assert pooled_chi_square_pvalue(counts, _exact_joint(vmodel, params)) < 1e-3
 

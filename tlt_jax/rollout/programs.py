@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import inspect
+import os
 import pathlib
 from typing import NamedTuple
 
@@ -28,7 +30,7 @@ from tlt_jax.rollout.replay import ReplayState
 from tlt_jax.rollout.shards import placed_shapes
 from tlt_jax.rollout.spec_step import replay_step, spec_step
 from tlt_jax.rollout.state import DecodeState, empty_state, needs_layers, plain_step
-from tlt_jax.spec.proposer import DraftModel
+from tlt_jax.spec.proposer import DraftModel, get_proposer
 
 # The packages whose code a rollout program traces: every layer below `rl` (models -> spec ->
 # rollout -> drafter). Editing anything else (the trainer, a launcher) keeps the cached programs.
@@ -56,6 +58,24 @@ def traced_source_digest(root: pathlib.Path | None = None) -> str:
   for package in TRACED_PACKAGES:
     for f in sorted((root / package).rglob("*.py")):
       src.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+  return src.hexdigest()
+
+
+def registered_source_digest(spec) -> str:
+  """A digest of the modules outside this package whose code `spec`'s programs trace: those of
+  the proposers a user registered (`spec.proposer.register`). A module whose source cannot be
+  read (one defined in a notebook cell) gets a digest of its own for this process, so its
+  programs are never loaded by another."""
+  src = hashlib.sha256()
+  names = sorted({a.proposer for a in spec.arms if not a.is_plain}) if spec is not None else []
+  for name in names:
+    module = inspect.getmodule(type(get_proposer(name)))
+    if module is None or module.__name__.split(".")[0] == __name__.split(".")[0]:
+      continue
+    try:
+      src.update(module.__name__.encode() + b"\0" + inspect.getsource(module).encode())
+    except (OSError, TypeError):
+      src.update(f"{module.__name__} unsourced {os.getpid()} {id(module)}".encode())
   return src.hexdigest()
 
 
@@ -132,7 +152,7 @@ class Programs:
     model, the weights' shapes, the devices and the engine's settings."""
     shapes = jax.tree.map(lambda x: (x.shape, str(x.dtype)), self.weights.abstract(0))
     return "|".join([jax.__version__, repr(self.model_cfg), repr(self.model_cfg.llama3_rope),
-                     repr(shapes), traced_source_digest(),
+                     repr(shapes), traced_source_digest(), registered_source_digest(spec),
                      repr(self.pad_id), repr([m.devices.tolist() for m in self.meshes]),
                      repr(self.cfg), repr(spec), repr((self.words, self.replay_chunk,
                                                        self.attention, self.cache_dtype))])
