@@ -8,7 +8,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "tlt_jax"
 # Bottom to top. A module may import its own package and packages of a lower rank only; packages
 # of the same rank are independent of each other.
 RANK = {
-    "checkpoint": 0, "errors": 0, "hashing": 0, "jax_private": 0, "optim": 0,
+    "errors": 0, "hashing": 0, "jax_private": 0, "optim": 0, "paths": 0,
+    "checkpoint": 0.25,            # orbax checkpoints in a run directory (`paths`)
     "typed": 0.5,                  # config sections to typed settings, raising ConfigError
     "distributed": 0.75,           # the process group (its config section is typed)
     "kernels": 0.9,                # attention implementations (XLA, Pallas)

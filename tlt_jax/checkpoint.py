@@ -7,12 +7,13 @@ a `CheckpointError` naming the path and what to do, never a silent fresh start.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from tlt_jax.paths import as_path
 
 
 class CheckpointError(RuntimeError):
@@ -28,11 +29,11 @@ class Checkpointer:
 
   def __init__(self, directory: str, keep: int | None = 3, async_save: bool = False,
                local: bool = False):
-    self.directory = os.path.abspath(directory)
+    self.directory = as_path(directory)
     me, self._alone = jax.process_index(), local and jax.process_count() > 1
     processes = ocp.options.MultiprocessingOptions()
     if self._alone:  # orbax creates a root only for the whole group: make it here
-      os.makedirs(self.directory, exist_ok=True)
+      self.directory.mkdir(parents=True, exist_ok=True)
       processes = ocp.options.MultiprocessingOptions(
           primary_host=me, active_processes={me}, barrier_sync_key_prefix=f"local{me}")
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not self._alone,

@@ -21,6 +21,7 @@ from tlt_jax.hashing import content_digest
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.precision import compute_copy
 from tlt_jax.models.sampling import SamplingParams, argmax, processed_logprobs
+from tlt_jax.paths import as_path, write_whole
 from tlt_jax.spec.costs import CostTable
 from tlt_jax.spec.proposer import get_proposer
 from tlt_jax.spec.strategy import SpecConfig
@@ -159,16 +160,13 @@ def cost_table_for(target, drafter, spec: SpecConfig, buckets, cache_len: int, c
   dshape = None if drafter is None else (repr(drafter.cfg), drafter.target_cfg.to_dict())
   key = content_digest([machine_id(), target.cfg.to_dict(), dshape, sorted(target_cells),
                         sorted(draft_cells), cache_len, prefix, spec.rule])
-  path = os.path.join(cache_dir, "costs", f"{key}.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      return CostTable.from_json(f.read()), True
+  path = as_path(cache_dir) / "costs" / f"{key}.json"
+  if path.exists():
+    return CostTable.from_json(path.read_text()), True
   if draft_cells and drafter is None:
     raise ValueError("The spec's arms draft with a drafter, but none was given to price them.")
   table = measure_cost_table(target, drafter, target_cells, draft_cells, cache_len, prefix=prefix,
                              rule=spec.rule)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    f.write(table.to_json())
-  os.replace(path + ".tmp", path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  write_whole(path, table.to_json())
   return table, False

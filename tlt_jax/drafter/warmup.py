@@ -23,7 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from safetensors import safe_open
-from safetensors.numpy import save_file
 from tqdm import tqdm
 
 from tlt_jax.checkpoint import Checkpointer
@@ -32,6 +31,7 @@ from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer, teacher_ba
 from tlt_jax.hashing import content_digest
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.transformer import PARAM_LAYOUT
+from tlt_jax.paths import as_path, write_safetensors
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 
 SHIPPED_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
@@ -140,9 +140,9 @@ def save_drafter(drafter: Drafter, directory: str, meta: dict) -> None:
   ck.wait()
   flat = {".".join(map(str, path)): np.asarray(v, np.float32)
           for path, v in nnx.to_flat_state(state)}
-  save_file(flat, os.path.join(directory, WEIGHTS),
-            metadata={"configs": json.dumps(configs, default=str),
-                      "meta": json.dumps(meta, default=str)})
+  write_safetensors(flat, as_path(directory) / WEIGHTS,
+                    metadata={"configs": json.dumps(configs, default=str),
+                              "meta": json.dumps(meta, default=str)})
 
 
 def _drafter_config(configs: dict, target, where: str) -> DrafterConfig:
@@ -255,7 +255,7 @@ def warm_up(target, prompts, params: SamplingParams, *, pad_id: int, dcfg: Draft
       return drafter, dict(meta, cache=os.path.join(SHIPPED_ROOT, name), cached=True,
                            shipped=True, key=key)
   directory = os.path.join(cache_root, "drafter", key)
-  if os.path.isdir(directory) and Checkpointer(directory, local=True).latest_step() is not None:
+  if as_path(directory).is_dir() and Checkpointer(directory, local=True).latest_step() is not None:
     drafter, meta = load_drafter(directory, target)
     return drafter, dict(meta, cache=directory, cached=True, shipped=False, key=key)
   toks, mask = rollout_sequences(target, prompts, params, wcfg, pad_id)

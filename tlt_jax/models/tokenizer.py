@@ -12,6 +12,8 @@ import jinja2
 from jinja2 import sandbox
 from tokenizers import Tokenizer
 
+from tlt_jax.paths import as_path
+
 
 class TextTokenizer:
   """Encodes and decodes text and renders chat messages with the checkpoint's own template."""
@@ -49,15 +51,15 @@ class TextTokenizer:
         messages=messages, add_generation_prompt=add_generation_prompt,
         bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
-  def save(self, directory: str) -> None:
+  def save(self, directory: str | os.PathLike) -> None:
     """Writes `tokenizer.json` and `tokenizer_config.json` (with the chat template)."""
-    self.tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    directory = as_path(directory)
+    (directory / "tokenizer.json").write_text(self.tokenizer.to_str(pretty=True))
     cfg = {"bos_token": self.bos_token, "eos_token": self.eos_token,
            "add_bos_token": self.add_bos, "tokenizer_class": "PreTrainedTokenizerFast"}
     if self.chat_template:
       cfg["chat_template"] = self.chat_template
-    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-      json.dump(cfg, f, indent=2)
+    (directory / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
 
   @classmethod
   def from_hf_folder(cls, directory: str) -> "TextTokenizer":
@@ -125,10 +127,10 @@ class CharTokenizer:
 
   FILE = "char_tokenizer.json"
 
-  def save(self, directory: str) -> None:
+  def save(self, directory: str | os.PathLike) -> None:
     """Written next to an exported policy, so `load_pretrained(directory)` finds this tokenizer."""
-    with open(os.path.join(directory, self.FILE), "w") as f:
-      json.dump({"kind": "char", "vocab_size": self.vocab_size, "chars": self.chars}, f)
+    (as_path(directory) / self.FILE).write_text(
+        json.dumps({"kind": "char", "vocab_size": self.vocab_size, "chars": self.chars}))
 
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`, one per character."""

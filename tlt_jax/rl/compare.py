@@ -8,10 +8,10 @@ of the baseline's step time: the end-to-end speedup that a rollout speedup alone
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 
+from tlt_jax.paths import as_path
 from tlt_jax.rl.metrics import EVALS, METRICS
 
 COMPILE_S = "time/compile_s"  # a step's seconds of building programs, left out of its timings
@@ -20,15 +20,14 @@ COMPILE_S = "time/compile_s"  # a step's seconds of building programs, left out 
 def read_metrics(run_dir: str) -> list[dict]:
   """The per-step records of a run directory (the last record of each step wins, so a resumed
   run that repeated a step counts it once)."""
-  path = os.path.join(run_dir, METRICS)
-  if not os.path.exists(path):
+  path = as_path(run_dir) / METRICS
+  if not path.exists():
     raise FileNotFoundError(f"No metrics.jsonl in {run_dir!r}: is it a train_grpo run directory?")
   by_step = {}
-  with open(path) as f:
-    for line in f:
-      if line.strip():
-        rec = json.loads(line)
-        by_step[rec["step"]] = rec
+  for line in path.read_text().splitlines():
+    if line.strip():
+      rec = json.loads(line)
+      by_step[rec["step"]] = rec
   if not by_step:
     raise ValueError(f"{path} holds no steps yet.")
   return [by_step[s] for s in sorted(by_step)]
@@ -38,11 +37,10 @@ def heldout_change(run_dir: str) -> dict:
   """Held-out accuracy before the run's first step and after its last, from `eval.jsonl` (same
   prompts, same evaluation key), with the standard error of the change: the standard deviation
   over prompts of each prompt's change, over sqrt(prompts). `heldout_gain_se` = change / SE."""
-  path = os.path.join(run_dir, EVALS)
-  if not os.path.exists(path):
+  path = as_path(run_dir) / EVALS
+  if not path.exists():
     raise FileNotFoundError(f"No eval.jsonl in {run_dir!r}: the run needs eval_every > 0.")
-  with open(path) as f:
-    records = [json.loads(line) for line in f if line.strip()]
+  records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
   first = min((r for r in records if not r["final"]), key=lambda r: r["step"], default=None)
   last = next((r for r in reversed(records) if r["final"]), None)
   if first is None or last is None or first["step"] != 0:

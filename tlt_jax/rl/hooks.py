@@ -9,9 +9,8 @@ runs after the last step; `close` always runs, also after a fault.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+from etils import epath
 from flax import nnx
 
 from tlt_jax import distributed
@@ -114,21 +113,21 @@ class Export(Hook):
   def after_record(self, trainer) -> None:
     """An export at every `every`-th step before the last."""
     if self.every and trainer.step % self.every == 0 and trainer.step < trainer.steps:
-      self._export(trainer, os.path.join(trainer.out_dir, "export", f"step_{trainer.step}"))
+      self._export(trainer, trainer.out_dir / "export" / f"step_{trainer.step}")
 
   def at_end(self, trainer, history: list[dict]) -> None:
     """The final export, when the run trained."""
     if history and self.final:
-      directory = self._export(trainer, os.path.join(trainer.out_dir, "export"))
+      directory = self._export(trainer, trainer.out_dir / "export")
       if distributed.is_writer():
         print(f"[trainer] exported the final policy (and drafter) to {directory}")
 
   @staticmethod
-  def _export(trainer, directory: str) -> str:
+  def _export(trainer, directory: epath.Path) -> epath.Path:
     updater = trainer.updater  # every process takes part in gathering the policy
     policy = nnx.merge(updater.graphdef, distributed.local_copy(updater.params, updater.mesh))
     if distributed.is_writer():
-      save_pretrained(policy, trainer.w.tokenizer, os.path.join(directory, "policy"))
+      save_pretrained(policy, trainer.w.tokenizer, directory / "policy")
       if trainer.adaptive is not None:
         trainer.adaptive.export(directory, {"rl_step": trainer.step})
     return directory

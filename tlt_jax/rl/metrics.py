@@ -24,6 +24,8 @@ import sys
 
 from tensorboardX import SummaryWriter
 
+from tlt_jax.paths import as_path
+
 METRICS, EVALS, ROLLOUTS = "metrics.jsonl", "eval.jsonl", "rollouts.jsonl"
 RUN_RECORD = "config.json"
 LOGGERS = ("tensorboard", "wandb")
@@ -54,16 +56,16 @@ def write_run_record(out_dir: str, run_config) -> str:
   config["learner"] = {"name": run_config.learner.name, **config["learner"]}
   record = {"config": config, "versions": versions,
             "git_commit": commit, "git_dirty": dirty}
-  os.makedirs(out_dir, exist_ok=True)
-  path = os.path.join(out_dir, RUN_RECORD)
-  with open(path, "w") as f:
-    json.dump(record, f, indent=1, default=lambda o: o.to_dict() if hasattr(o, "to_dict")
-              else str(o))
-  return path
+  path = as_path(out_dir) / RUN_RECORD
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(record, indent=1, default=lambda o: o.to_dict()
+                             if hasattr(o, "to_dict") else str(o)))
+  return str(path)
 
 
-def check_loggers(loggers) -> None:
-  """A one-line error for an unknown logger, or for `wandb` without its package."""
+def check_loggers(loggers, out_dir: str) -> None:
+  """A one-line error for an unknown logger, or for `wandb` without its package or with a remote
+  run directory (its files are local)."""
   if isinstance(loggers, str):
     raise ValueError(f"loggers must be a tuple of names, e.g. ('tensorboard', 'wandb'), got "
                      f"{loggers!r}.")
@@ -73,6 +75,9 @@ def check_loggers(loggers) -> None:
   if "wandb" in loggers and importlib.util.find_spec("wandb") is None:
     raise ValueError("loggers includes 'wandb' but the wandb package is not installed; "
                      "pip install -e '.[wandb]'.")
+  if "wandb" in loggers and "://" in out_dir:
+    raise ValueError(f"loggers includes 'wandb', which writes its files into the run directory, "
+                     f"but {out_dir} is not local; log to tensorboard only.")
 
 
 class WandbLogger:
@@ -85,11 +90,9 @@ class WandbLogger:
     wandb = importlib.import_module("wandb")
     mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY")
                                             else "offline")
-    config = {}
-    if os.path.exists(os.path.join(out_dir, RUN_RECORD)):
-      with open(os.path.join(out_dir, RUN_RECORD)) as f:
-        config = json.load(f)
-    run_id = hashlib.sha256(os.path.abspath(out_dir).encode()).hexdigest()[:16]
+    record = as_path(out_dir) / RUN_RECORD
+    config = json.loads(record.read_text()) if record.exists() else {}
+    run_id = hashlib.sha256(str(as_path(out_dir)).encode()).hexdigest()[:16]
     os.makedirs(os.path.join(out_dir, "wandb"), exist_ok=True)
     self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "tlt_jax"), name=name,
                           id=run_id, resume="allow", dir=out_dir, mode=mode, config=config)
@@ -111,11 +114,12 @@ class RunWriter:
   def __init__(self, out_dir: str, resumed: bool, enabled: bool = True,
                loggers: tuple[str, ...] = ("tensorboard",)):
     mode = "a" if resumed else "w"
-    self._files = {name: open(os.path.join(out_dir, name), mode)
+    root = as_path(out_dir)
+    self._files = {name: (root / name).open(mode)
                    for name in (METRICS, EVALS, ROLLOUTS)} if enabled else {}
-    self._tb = (SummaryWriter(os.path.join(out_dir, "tb"))
+    self._tb = (SummaryWriter(str(root / "tb"))
                 if enabled and "tensorboard" in loggers else None)
-    self._wandb = (WandbLogger(out_dir, os.path.basename(os.path.abspath(out_dir)))
+    self._wandb = (WandbLogger(str(root), root.name)
                    if enabled and "wandb" in loggers else None)
 
   def _line(self, name: str, record: dict) -> None:

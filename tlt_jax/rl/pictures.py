@@ -6,11 +6,11 @@ accepted length by step). The demo saves both next to its runs; the notebooks dr
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 from matplotlib.figure import Figure  # no pyplot: no backend, no global state (headless CI)
 
+from tlt_jax.paths import as_path
 from tlt_jax.rl.compare import read_metrics
 from tlt_jax.rl.metrics import ROLLOUTS
 
@@ -42,14 +42,20 @@ def reward_curves(baseline_dir: str, tlt_dir: str, path: str | None = None) -> F
       ax.legend()
   fig.tight_layout()
   if path:
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
   return fig
+
+
+def _save(fig: Figure, path: str) -> None:
+  """`fig` as a PNG at `path` (a local or remote path, `tlt_jax/paths.py`)."""
+  with as_path(path).open("wb") as f:
+    fig.savefig(f, format="png", dpi=110)
 
 
 def rollouts(run_dir: str) -> list[dict]:
   """A run's `rollouts.jsonl` records, each event as a dict (`_EVENT_FIELDS`)."""
-  with open(os.path.join(run_dir, ROLLOUTS)) as f:
-    recs = [json.loads(line) for line in f if line.strip()]
+  text = (as_path(run_dir) / ROLLOUTS).read_text()
+  recs = [json.loads(line) for line in text.splitlines() if line.strip()]
   for r in recs:
     r["events"] = [dict(zip(_EVENT_FIELDS, e)) for e in r["events"]]
   return recs
@@ -99,5 +105,5 @@ def rollout_anatomy(baseline_dir: str, tlt_dir: str, path: str | None = None,
   axes[2].set(xlabel="RL step", ylabel="seconds", title="TLT: time with SD on")
   fig.tight_layout()
   if path:
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
   return fig

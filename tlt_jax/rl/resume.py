@@ -6,8 +6,6 @@ never stopped."""
 
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 
@@ -44,7 +42,7 @@ def restore(trainer) -> bool:
   """Resumes `trainer` from the latest checkpoint if its run directory has one (False: none); a
   damaged or mismatched checkpoint raises (never a silent fresh start)."""
   if trainer.ckpt is None:
-    if os.path.isdir(trainer.ckpt_dir) and os.listdir(trainer.ckpt_dir):
+    if trainer.ckpt_dir.is_dir() and any(trainer.ckpt_dir.iterdir()):
       raise TrainingError(
           f"{trainer.out_dir} holds checkpoints but checkpoint_every is 0: resuming would be "
           "skipped. Set checkpoint_every > 0 to resume, or use a new out_dir.")

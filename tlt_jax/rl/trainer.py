@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 
 import jax
@@ -41,6 +40,7 @@ from tlt_jax.drafter.proposer import as_proposer
 from tlt_jax.evaluation import group_stats
 from tlt_jax.models.sharding import make_mesh
 from tlt_jax.models.transformer import REMAT_POLICIES, token_state
+from tlt_jax.paths import as_path
 from tlt_jax.rl import resume
 from tlt_jax.rl.hooks import loop_hooks
 from tlt_jax.rl.learner import Learner
@@ -112,7 +112,7 @@ class LoopConfig:
     if min(self.checkpoint_every, self.eval_every, self.export_every) < 0 or self.keep < 1:
       raise ValueError("checkpoint_every, eval_every and export_every must be >= 0 (0: off), "
                        "keep >= 1.")
-    check_loggers(self.loggers)
+    check_loggers(self.loggers, self.out_dir)
 
 
 def check_split(what: str, n: int) -> None:
@@ -170,7 +170,8 @@ class Trainer:
                prompt_pool: list | None = None, answers: list | None = None,
                eval_prompts: list | None = None, eval_answers: list | None = None,
                costs=None, replay: ReplayConfig = ReplayConfig()):
-    self.w, self.loop, self.out_dir, self.steps = workload, loop, loop.out_dir, loop.steps
+    self.w, self.loop, self.steps = workload, loop, loop.steps
+    self.out_dir = as_path(loop.out_dir)  # the run directory (`tlt_jax/paths.py`)
     prompts_per_step, group_size = loop.prompts_per_step, loop.group_size
     self.prompts_per_step, self.group_size, self.seed = prompts_per_step, group_size, loop.seed
     self.pool_prompts = prompt_pool if prompt_pool is not None else workload.prompts
@@ -197,12 +198,12 @@ class Trainer:
       self.adaptive = AdaptiveDrafter(self.engine.drafter_port(), drafter, workload.model,
                                       adaptive, workload.tokenizer.pad_id)
     self.eval_prompts, self.eval_answers = eval_prompts, eval_answers
-    self.ckpt_dir = os.path.join(self.out_dir, "checkpoints")
+    self.ckpt_dir = self.out_dir / "checkpoints"
     self.ckpt = Checkpointer(self.ckpt_dir, keep=loop.keep) if loop.checkpoint_every else None
     self.step = 0
     self._collective_s, self._collective_bytes = 0.0, 0  # this step's cross-process traffic
     self.warmup_report: dict = {}
-    os.makedirs(self.out_dir, exist_ok=True)
+    self.out_dir.mkdir(parents=True, exist_ok=True)
 
   def _batch_indices(self, step: int, round_: int = 0) -> np.ndarray:
     """The data iterator, addressed by step (and top-up round): resuming at step s draws what a
@@ -376,8 +377,7 @@ class Trainer:
     if self.step < self.steps:
       self.warmup_report = self.warm_up(progress)
       if distributed.is_writer():
-        with open(os.path.join(self.out_dir, "warmup.json"), "w") as f:
-          json.dump(self.warmup_report, f)
+        (self.out_dir / "warmup.json").write_text(json.dumps(self.warmup_report))
     writer = RunWriter(self.out_dir, resumed, enabled=distributed.is_writer(),
                        loggers=self.loop.loggers)
     hooks = loop_hooks(self, writer)

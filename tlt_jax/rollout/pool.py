@@ -32,6 +32,7 @@ from jax.experimental.serialize_executable import deserialize_and_load, serializ
 from tqdm import tqdm
 
 from tlt_jax.hashing import content_digest
+from tlt_jax.paths import as_path, write_whole
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.relocate import device_ids, relocate
 
@@ -79,7 +80,7 @@ class ExecutablePool:
                twins: bool = False):
     # XLA compiles a program on one thread: a warm-up of many programs uses every core (0).
     background_threads = background_threads or min(8, os.cpu_count() or 1)
-    self.cache_dir = os.path.join(cache_dir, "executables") if cache_dir else ""
+    self.cache_dir = as_path(cache_dir) / "executables" if cache_dir else None
     self.fingerprint = fingerprint
     self._compiled: dict[Hashable, Any] = {}
     self._futures: dict[Hashable, concurrent.futures.Future] = {}
@@ -92,16 +93,15 @@ class ExecutablePool:
                                                            thread_name_prefix="pool-compile")
     self.events: list[CompileEvent] = []
 
-  def _path(self, key) -> str:
-    return os.path.join(self.cache_dir, f"{content_digest([self.fingerprint, repr(key)], 32)}.exe")
+  def _path(self, key):
+    return self.cache_dir / f"{content_digest([self.fingerprint, repr(key)], 32)}.exe"
 
   def _load(self, key):
-    path = self._path(key)
-    if not self.cache_dir or not os.path.exists(path):
+    path = self._path(key) if self.cache_dir is not None else None
+    if path is None or not path.exists():
       return None
     try:
-      with open(path, "rb") as f:
-        payload, ids = pickle.load(f)
+      payload, ids = pickle.loads(path.read_bytes())
       by_id = {d.id: d for d in jax.devices()}
       # The devices it was compiled for (by default it would be loaded onto all of them).
       compiled = deserialize_and_load(*payload, execution_devices=[by_id[i] for i in ids])
@@ -115,7 +115,7 @@ class ExecutablePool:
 
   def _store(self, key, compiled) -> None:
     """Keeps the serialised executable for twins and writes it to the executable cache."""
-    if not self.cache_dir and not self.twins:
+    if self.cache_dir is None and not self.twins:
       return
     try:
       serialized = serialize(compiled), device_ids(compiled)
@@ -125,14 +125,11 @@ class ExecutablePool:
     if self.twins:
       with self._lock:
         self._serialized[key] = serialized
-    if not self.cache_dir:
+    if self.cache_dir is None:
       return
     try:
-      os.makedirs(self.cache_dir, exist_ok=True)
-      tmp = self._path(key) + f".{os.getpid()}.tmp"
-      with open(tmp, "wb") as f:
-        pickle.dump(serialized, f)
-      os.replace(tmp, self._path(key))
+      self.cache_dir.mkdir(parents=True, exist_ok=True)
+      write_whole(self._path(key), pickle.dumps(serialized))
     except OSError as e:  # a full or read-only disk: the pool still works
       logging.warning("could not cache executable %s: %s", key, e)
 

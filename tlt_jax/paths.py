@@ -1,0 +1,38 @@
+"""Where a run writes: run directories, their metrics and checkpoints, exports and caches, as
+`etils.epath` paths (orbax uses them too). A local folder and, where epath's backend for it is
+installed, a remote one (`gs://bucket/run`) go through the same calls; local paths are what the
+tests cover. Model folders and datasets that a run reads are local files."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from etils import epath
+from safetensors.numpy import save, save_file
+
+
+def as_path(path: str | os.PathLike) -> epath.Path:
+  """`path` as an epath path: a local one absolute and normalised (a run launched from another
+  working directory, or spelled another way, is the same folder), a remote one (`scheme://...`)
+  as given."""
+  if "://" in os.fspath(path):
+    return epath.Path(path)
+  return epath.Path(os.path.abspath(path))
+
+
+def write_whole(path: epath.Path, data: str | bytes) -> None:
+  """Writes `data` to `path` whole: into a temporary file beside it, then renamed over it, so a
+  reader (another process, or a later run after a crash) never sees half of it."""
+  tmp = path.parent / f"{path.name}.{os.getpid()}.tmp"
+  tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+  tmp.replace(path)
+
+
+def write_safetensors(tensors: dict[str, np.ndarray], path: epath.Path, metadata: dict) -> None:
+  """`tensors` as a safetensors file at `path`: streamed to a local file, or built in memory and
+  written whole to a remote one."""
+  if "://" in str(path):
+    path.write_bytes(save(tensors, metadata=metadata))
+  else:
+    save_file(tensors, os.fspath(path), metadata=metadata)
