@@ -175,6 +175,10 @@ def test_a_tensor_parallel_shard_gives_the_tokens_of_one_device():
   assert out["kernels_split"] == 2 * 4
   assert out["decode_programs"] > 0 and out["cache_split_in_every_decode_program"]
   assert out["bad_tp"].startswith("tp=2 does not divide the model's n_kv_heads=1")
+  # The drafter's embedding and head: the shard's own arrays on a one-device shard, a whole copy
+  # on the first device of a tp shard.
+  assert out["tp1_tokens_whole_on_first_device"] and out["tp2_tokens_whole_on_first_device"]
+  assert out["tp1_tokens_shared"]
 
 
 def test_after_warm_up_no_call_compiles_whatever_its_prompt_lengths(model):

@@ -55,6 +55,16 @@ def main():
   out["cache_split_in_every_decode_program"] = all(
       sum(sh.spec == PartitionSpec(None, "tp") for sh in jax.tree.leaves(c.input_shardings))
       == 2 * model.cfg.n_layers for c in decode)
+  # What the drafter reads of the policy: the embedding and head whole on the shard's first
+  # device, the shard's own buffers when it is one device.
+  embed = np.asarray(model.embed.embedding[...])
+  for name, eng in (("tp1", one), ("tp2", tp)):
+    tokens = eng.drafter_port().token_params(0)["embed"]["embedding"]
+    held = eng.weights.shard(0)[0]["embed"]["embedding"]
+    out[f"{name}_tokens_whole_on_first_device"] = (
+        tokens.sharding.device_set == {eng.devices[0]} and np.array_equal(tokens, embed))
+    out[f"{name}_tokens_shared"] = (tokens.unsafe_buffer_pointer()
+                                    == held.addressable_shards[0].data.unsafe_buffer_pointer())
   try:
     RolloutEngine(peaked_model(n_kv_heads=1, n_heads=4), EngineConfig(tp=2, **cfg))
   except ValueError as e:

@@ -9,6 +9,10 @@ Per RL step the trainer calls, in order:
      published; then those segments enter the buffer;
   3. `after_update`: the new policy's embedding and head are what the drafter reads from now on.
 
+The drafter reads the policy's embedding and head where the rollout shards hold them
+(`DrafterPort.token_params`): each idle window on its own shard's device, in the compute dtype
+the engine drafts with; nothing of the policy is gathered for it.
+
 With several processes each trains its own replica on its own rows' segments in its own idle
 windows; after the rollout one collective averages the replicas (the same bits everywhere),
 process 0's check decides whether that average is published, and every process installs it: all
@@ -79,15 +83,17 @@ class AdaptiveDrafter:
     self.in_use = self.spot.trainer.params      # the published version's parameters
     self._log_mark = 0
 
-  def warm_up(self, target_params, max_new_tokens: int) -> None:
+  def warm_up(self, max_new_tokens: int) -> None:
     """Builds what the hooks run (the buffer's writes of a rollout's rows of up to
     `max_new_tokens` tokens, a spot-training step on every rollout device, the publishing
-    check) before the first RL step, on empty data: nothing is trained or published."""
+    check) before the first RL step, on empty data: nothing is trained or published. The
+    drafter reads the engine's embedding and head from here on."""
+    self.after_update()
     self.buffer.warm_up(list(self.port.harvest_buckets), max_new_tokens, self.port.hidden_dtype)
     for device in self.port.devices:
       self.spot.warm_up(device)
       self.publisher.finite(jax.device_put(self.in_use, device))
-    self.publisher.warm_up(self.in_use, target_params, self._holdout_batch([]))
+    self.publisher.warm_up(self.in_use, self.spot.trainer.target_params, self._holdout_batch([]))
     if jax.process_count() > 1:  # the collectives `after_rollout` runs
       distributed.mean_replicas(self.spot.trainer.state())
       distributed.warm_up()
@@ -96,12 +102,13 @@ class AdaptiveDrafter:
 
   def on_shard_idle(self, shard: int, device) -> None:
     """The engine's call when shard `shard` has no live row: spot training starts on `device`
-    (with one rollout device there is no idle window; `spot.budget_s` trains after the rollout)."""
+    with the shard's own embedding and head (with one rollout device there is no idle window;
+    `spot.budget_s` trains after the rollout)."""
     if len(self.port.devices) > 1:
-      self.spot.start(device)
+      self.spot.start(device, self.port.token_params(shard))
 
-  def after_rollout(self, prompts, group_size: int, result, step: int, policy_version: int,
-                    target_params) -> dict:
+  def after_rollout(self, prompts, group_size: int, result, step: int,
+                    policy_version: int) -> dict:
     """Stops spot training, checks and maybe publishes the candidate on held-back segments of
     this rollout, then adds the rollout's segments to the buffer; returns the step's drafter metrics."""
     t0 = time.perf_counter()
@@ -118,7 +125,7 @@ class AdaptiveDrafter:
     steps = self.spot.log[self._log_mark:]
     published = False
     if distributed.total(float(bool(steps and sample))) > 0:  # all processes, or none, check
-      published = self.publisher.publish(self.spot.trainer.params, target_params,
+      published = self.publisher.publish(self.spot.trainer.params, self.port.token_params(0),
                                           self._holdout_batch(sample) if sample else None,
                                           current=self.in_use, agree=distributed.first)
       if published:
@@ -151,9 +158,10 @@ class AdaptiveDrafter:
     return self.buffer.pack(sample, self.cfg.publish.seq_len, self.pad_id,
                             rows=self.cfg.holdout_rows)
 
-  def after_update(self, target_params) -> None:
-    """From now on the drafter reads the new policy's embedding and head."""
-    self.spot.trainer.set_target(target_params)
+  def after_update(self) -> None:
+    """From now on the drafter reads the new policy's embedding and head (the engine's, after
+    the weight sync)."""
+    self.spot.trainer.set_target(self.port.token_params(0))
 
   # ---------------------------------------------------------------- state and export
 

@@ -144,15 +144,17 @@ class SpotTrainer:
       done += 1
     return done
 
-  def start(self, device) -> bool:
-    """Begins training a replica on `device` in the background (its idle window opened);
-    False when a window already runs there or the buffer is not ready."""
+  def start(self, device, target_params=None) -> bool:
+    """Begins training a replica on `device` in the background (its idle window opened) against
+    `target_params` (the target's embedding and head on `device`; default: the trainer's, copied
+    there); False when a window already runs there or the buffer is not ready."""
     with self._lock:
       if any(w.device == device for w in self._windows) or not self.ready:
         return False
       t, put = self.trainer, lambda x: jax.device_put(x, device)
+      target = put(t.target_params if target_params is None else target_params)
       w = _Window(device, len(self._windows), t.step_count, put(t.params), put(t.opt_state),
-                  put(t.target_params))
+                  target)
       if not self._windows:
         self._stop.clear()
       w.thread = threading.Thread(target=self._window, args=(w,), daemon=True)

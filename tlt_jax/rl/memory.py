@@ -162,10 +162,14 @@ def plan_memory(cfg: ModelConfig, loop: LoopConfig, engine: EngineConfig, *, par
   if drafter is not None:
     head = nnx.state(nnx.eval_shape(lambda: init_drafter(cfg, drafter)), nnx.Param)
     own = sharded_bytes(head, {}, "float32")
+    # The target's embedding and head it reads are the rollout's own copy on a shard of one
+    # device; a tp split of the vocabulary is gathered whole onto the shard's first device.
+    tokens = sharded_bytes(token_state(abstract), {}, compute_dtype) if engine.tp > 1 else 0
     rows.append(("drafter", 4 * own + engine.max_batch * cache_len * 2 * cfg.n_kv_heads * cfg.hd
-                 * width + sharded_bytes(token_state(abstract), {}),
-                 "its own weights with AdamW and a gradient (float32), its one-layer cache, and "
-                 "the target's embedding and head it reads"))
+                 * width + tokens,
+                 "its own weights with AdamW and a gradient (float32), its one-layer cache"
+                 + (f", and the target's embedding and head whole ({compute_dtype}; tp="
+                    f"{engine.tp} splits them)" if engine.tp > 1 else "")))
   if target.processes > 1 and (data * fsdp * tp != target.processes * target.devices
                                or engine.num_shards * engine.tp != target.devices):
     rows.append(("gathered policy", sharded_bytes(abstract, {}),

@@ -74,5 +74,5 @@ def restore(trainer) -> bool:
   if trainer.adaptive is not None:
     drafter = distributed.local_copy(state["drafter"], updater.mesh)
     trainer.adaptive.load_state(drafter, int(meta.get("drafter_version", 0)))
-    trainer.adaptive.after_update(trainer.token_params)
+    trainer.adaptive.after_update()
   return True

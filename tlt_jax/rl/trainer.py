@@ -39,7 +39,7 @@ from tlt_jax.drafter.adaptive import AdaptiveDrafter
 from tlt_jax.drafter.proposer import as_proposer
 from tlt_jax.evaluation import group_stats
 from tlt_jax.models.sharding import make_mesh
-from tlt_jax.models.transformer import REMAT_POLICIES, token_state
+from tlt_jax.models.transformer import REMAT_POLICIES
 from tlt_jax.paths import as_path
 from tlt_jax.rl import resume
 from tlt_jax.rl.hooks import loop_hooks
@@ -179,8 +179,6 @@ class Trainer:
     mesh, self.prompt_bucket = check_layout(loop, engine_cfg, self.pool_prompts, eval_prompts)
     self.updater = PolicyUpdater(workload.model, mesh, learner, optim, workload.params,
                                  loop.micro_batches, loop.remat, loop.max_tokens_per_micro_batch)
-    # What the adaptive drafter reads of the policy (its embedding and head), on this process.
-    self.token_params = self._token_params()
     if not engine_cfg.max_prompt_len:  # one cache layout for every step: nothing compiles later
       longest = max(len(p) for p in list(self.pool_prompts) + list(eval_prompts or []))
       engine_cfg = dataclasses.replace(engine_cfg, max_prompt_len=longest)
@@ -248,7 +246,7 @@ class Trainer:
     self.sync_policy()  # the weight sync's programs (its resharding, its casts)
     self.key(0)
     if ad is not None:
-      ad.warm_up(self.token_params, self.w.params.max_new_tokens)
+      ad.warm_up(self.w.params.max_new_tokens)
     return {"warmup_s": round(time.perf_counter() - start, 3), "warmup_programs": built.events}
 
   def train_step(self) -> tuple[dict, dict]:
@@ -275,7 +273,7 @@ class Trainer:
     self.sync_policy()
     t_sync = time.perf_counter() - t_sync
     if self.adaptive is not None:
-      self.adaptive.after_update(self.token_params)
+      self.adaptive.after_update()
     t_update = time.perf_counter() - t1
     correct = (first.rewards_PxG() >= 1.0).astype(np.float32)
     summary = res.timeline.summary()
@@ -336,7 +334,7 @@ class Trainer:
     metrics = {}
     if ad is not None:  # it trains on this process's rows (their hidden states stay here)
       metrics = ad.after_rollout(spread.prompts, self.group_size, spread.local, self.step,
-                                 self.updater.step_count, self.token_params)
+                                 self.updater.step_count)
     return first, spread.whole, metrics
 
   def _select(self, first: Samples) -> tuple[Samples, dict]:
@@ -359,14 +357,8 @@ class Trainer:
 
   def sync_policy(self) -> None:
     """The updated policy onto this process's rollout shards, resharded from the update's layout
-    (`rollout/weights.py`), and its embedding and head onto this process for the drafter."""
+    (`rollout/weights.py`); the adaptive drafter reads its embedding and head from there."""
     self.engine.weights.set_policy(nnx.state(self.updater.model()))
-    self.token_params = self._token_params()
-
-  def _token_params(self):
-    """The policy's embedding and head (`token_state`), whole on this process's first device of
-    the update's mesh: what the adaptive drafter trains and checks against."""
-    return distributed.local_copy(token_state(self.updater.params), self.updater.mesh)
 
   def run(self, progress: bool = True) -> list[dict]:
     """Warms up, then trains to `steps` (resuming if the run directory has a checkpoint);

@@ -1,8 +1,8 @@
 """What the drafter package may read of a rollout engine and publish to it, and nothing else:
 the devices its hidden states are captured on (and the idle windows' devices), their width and
-dtype, the batch buckets a rollout harvests at, the graph definitions of the target's embedding
-and head (`models.transformer.token_view`) and of the draft model (to score a candidate as the
-engine would run it), and the drafter versions: read the one in use, install a new one on
+dtype, the batch buckets a rollout harvests at, the target's embedding and head as each shard
+holds them, with their graph definition (`models.transformer.token_view`), the draft model's
+graph definition (to score a candidate as the engine would run it), and the drafter versions: read the one in use, install a new one on
 every shard."""
 
 from __future__ import annotations
@@ -26,6 +26,12 @@ class DrafterPort:
   def drafter_version(self) -> int:
     """The version of the drafter every shard verifies with."""
     return self._weights.drafter_version
+
+  def token_params(self, shard: int):
+    """The policy's embedding and head as shard `shard` holds them, whole on that shard's device
+    (`devices[shard]`): what the drafter trains and checks against, never gathered from the
+    update's layout (`WeightStore.token_params`)."""
+    return self._weights.token_params(shard)
 
   def publish(self, params, version: int | None = None) -> None:
     """Installs drafter `params` on every shard (as `version`, default the next)."""

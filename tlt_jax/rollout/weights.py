@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding
 from tlt_jax import distributed
 from tlt_jax.models.precision import compute_copy
 from tlt_jax.models.sharding import param_shardings
+from tlt_jax.models.transformer import token_state
 from tlt_jax.rollout.reshard import Resharder, moved_bytes
 from tlt_jax.rollout.shards import placed_shapes, replicated
 
@@ -88,6 +89,12 @@ class WeightStore:
   def shard(self, s: int) -> tuple:
     """(policy, drafter or None) on shard `s`: a program's first argument."""
     return self._policy[s], self._drafter[s] if self._drafter is not None else None
+
+  def token_params(self, s: int):
+    """The policy's embedding and head (`models.transformer.token_state`), in the compute dtype,
+    whole on shard `s`'s first device: the shard's own arrays when its `tp` is 1 (nothing is
+    copied), else gathered there from its `tp` devices (the vocabulary splits over them)."""
+    return jax.device_put(token_state(self._policy[s]), self.meshes[s].devices.flat[0])
 
   def abstract(self, s: int) -> tuple:
     """Shapes, dtypes and shardings of `shard(s)`, for compiling ahead of time."""
