@@ -55,6 +55,13 @@ from flax import nnx
 from tlt_jax.models import ModelConfig, init_model
 
 
+def pytest_collection_modifyitems(items):
+  """Tests marked `long` run first, the rest in collection order: pytest-xdist hands tests to its
+  workers in that order, and a long test handed out last keeps one worker busy while the other
+  has nothing left (the SFT launcher's ~60 s test sat near the end of the suite)."""
+  items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 def small_config(**kw) -> ModelConfig:
   base = dict(vocab_size=53, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
               max_seq_len=64, rope_theta=10000.0)

@@ -69,6 +69,7 @@ def _json_of(out: str, prefix: str = "") -> dict:
                     [len(prefix):])
 
 
+@pytest.mark.long
 def test_a_rollout_spread_over_processes_in_tp_shards_gives_the_tokens_of_one_process():
   one = _run([PY, "-m", "tests.distributed.rollout_worker"], 300, _env(fast_compile=True))
   assert one.returncode == 0, one.stdout[-3000:]
@@ -124,6 +125,7 @@ def test_an_unreachable_coordinator_is_one_line_within_the_timeout():
   assert "Traceback" not in proc.stdout and time.monotonic() - t0 < 60
 
 
+@pytest.mark.long
 def test_a_process_count_that_does_not_split_the_prompts_is_one_line():
   proc = _launch(2, PY, "-m", "experiments.train_grpo", *SCALE,
                  "--config.train.prompts_per_step=5", timeout=300, fast_compile=True)

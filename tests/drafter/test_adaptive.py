@@ -209,6 +209,7 @@ def test_publishing_refuses_nan_and_collapsed_drafters(sd_rollout):
   assert eng.weights.drafter_version == version + 1 == pub.version
 
 
+@pytest.mark.long
 def test_spot_training_runs_only_on_idle_shards_and_publishes_to_every_shard():
   out = run_on_fake_devices("tests.drafter.shard_worker", devices=2, timeout=600)
   assert out["spot_steps"] > 0, out
@@ -217,6 +218,7 @@ def test_spot_training_runs_only_on_idle_shards_and_publishes_to_every_shard():
   assert out["rewards_equal_to_frozen"] is True  # coupled: the drafter changes speed only
 
 
+@pytest.mark.long
 def test_a_tlt_run_exports_a_policy_and_drafter_that_generate_can_load(tmp_path):
   w = workload()
   w.tokenizer = CharTokenizer(w.model.cfg.vocab_size)

@@ -120,6 +120,7 @@ def _generate(model, drafter, params, impl, key, spec=True):
   return eng.generate(_prompts(4, seed=5), 2, params, jax.random.key(key)), eng
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_speculative_decoding_through_the_pallas_path_gives_the_xla_tokens(temperature):
   target = peaked_model(scale=8.0)

@@ -1,11 +1,10 @@
 """After the trainer's warm-up no RL step builds an XLA program, whatever its prompts' lengths."""
 
-
 import jax
 import numpy as np
+import pytest
 
 from experiments.configs import tiny_baseline
-
 from tests.rl.test_trainer import workload
 from tlt_jax.drafter.adaptive import AdaptiveConfig
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
@@ -20,6 +19,7 @@ from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 
+@pytest.mark.long
 def test_no_step_compiles_after_warm_up(tmp_path):
   w = workload()
   w.tokenizer = CharTokenizer(w.model.cfg.vocab_size)

@@ -151,6 +151,7 @@ def test_pool_reuses_executables_for_new_weights(model):
   assert eng.pool.report()["executables"] == n
 
 
+@pytest.mark.long
 def test_shards_and_mesh_weights_in_a_2_device_subprocess():
   out = run_on_fake_devices("tests.rollout.shard_worker")
   assert out == {"greedy_equal": True, "sampled_equal": True, "each_program_compiled_once": True,
@@ -159,6 +160,7 @@ def test_shards_and_mesh_weights_in_a_2_device_subprocess():
                  "executable_cache_per_shard": True}
 
 
+@pytest.mark.long
 def test_a_tensor_parallel_shard_gives_the_tokens_of_one_device():
   """A shard of tp = 2 devices (heads, MLP and KV cache split over them) decodes the tokens one
   device does, plainly and speculatively, through the xla and the pallas attention paths
