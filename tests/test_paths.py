@@ -46,12 +46,17 @@ def test_weights_and_biases_with_a_remote_run_directory_is_refused_before_work()
 @pytest.fixture
 def memory_bucket(monkeypatch):
   """`gs://` paths served by fsspec's in-memory filesystem: a stand-in for a remote bucket that
-  needs no network (the files never touch the local disk)."""
+  needs no network (the files never touch the local disk) and, like GCS, cannot append."""
   registry = importlib.import_module("fsspec.registry")  # `fsspec.registry` is a read-only view
 
   class Bucket(MemoryFileSystem):
     protocol = ("gs", "gcs")
     store, pseudo_dirs = {}, [""]
+
+    def _open(self, path, mode="rb", **kwargs):
+      if "a" in mode:  # as GCS: an object is written whole, never appended to
+        raise NotImplementedError("no append on an object store")
+      return super()._open(path, mode, **kwargs)
 
   for name in Bucket.protocol:
     monkeypatch.setitem(registry._registry, name, Bucket)
@@ -59,9 +64,9 @@ def memory_bucket(monkeypatch):
 
 
 def test_a_run_writes_its_records_into_a_remote_run_directory(memory_bucket, tmp_path):
-  """A trainer run whose out_dir is `gs://...` (in memory): its warm-up report and step records
-  land there and read back, and resuming appends to them; nothing is written locally
-  under that name."""
+  """A trainer run whose out_dir is `gs://...` (in memory, without append, as GCS): its warm-up
+  report and step records land there and read back, a resumed writer adds to them (rewriting
+  each object with its earlier lines first), and nothing is written locally under that name."""
   tr = Trainer(workload(), LoopConfig("gs://bucket/run", 2, prompts_per_step=4, group_size=4,
                                       loggers=()),
                engine_cfg=engine(), learner=GRPOConfig(),

@@ -12,11 +12,16 @@ from etils import epath
 from safetensors.numpy import save, save_file
 
 
+def is_remote(path: str | os.PathLike) -> bool:
+  """Whether `path` names a remote filesystem (`scheme://...`) rather than a local folder."""
+  return "://" in os.fspath(path)
+
+
 def as_path(path: str | os.PathLike) -> epath.Path:
   """`path` as an epath path: a local one absolute and normalised (a run launched from another
   working directory, or spelled another way, is the same folder), a remote one (`scheme://...`)
   as given."""
-  if "://" in os.fspath(path):
+  if is_remote(path):
     return epath.Path(path)
   return epath.Path(os.path.abspath(path))
 
@@ -29,10 +34,22 @@ def write_whole(path: epath.Path, data: str | bytes) -> None:
   tmp.replace(path)
 
 
+def open_appending(path: epath.Path):
+  """`path` open for writing after what it holds: appended to where the filesystem can (a local
+  file), else rewritten with its earlier text first (object stores such as GCS have no append;
+  their object then appears when the file is closed)."""
+  if not is_remote(path):
+    return path.open("a")
+  earlier = path.read_text() if path.exists() else ""
+  f = path.open("w")
+  f.write(earlier)
+  return f
+
+
 def write_safetensors(tensors: dict[str, np.ndarray], path: epath.Path, metadata: dict) -> None:
   """`tensors` as a safetensors file at `path`: streamed to a local file, or built in memory and
   written whole to a remote one."""
-  if "://" in str(path):
+  if is_remote(path):
     path.write_bytes(save(tensors, metadata=metadata))
   else:
     save_file(tensors, os.fspath(path), metadata=metadata)

@@ -24,7 +24,7 @@ import sys
 
 from tensorboardX import SummaryWriter
 
-from tlt_jax.paths import as_path
+from tlt_jax.paths import as_path, is_remote, open_appending
 
 METRICS, EVALS, ROLLOUTS = "metrics.jsonl", "eval.jsonl", "rollouts.jsonl"
 RUN_RECORD = "config.json"
@@ -75,7 +75,7 @@ def check_loggers(loggers, out_dir: str) -> None:
   if "wandb" in loggers and importlib.util.find_spec("wandb") is None:
     raise ValueError("loggers includes 'wandb' but the wandb package is not installed; "
                      "pip install -e '.[wandb]'.")
-  if "wandb" in loggers and "://" in out_dir:
+  if "wandb" in loggers and is_remote(out_dir):
     raise ValueError(f"loggers includes 'wandb', which writes its files into the run directory, "
                      f"but {out_dir} is not local; log to tensorboard only.")
 
@@ -113,10 +113,10 @@ class RunWriter:
 
   def __init__(self, out_dir: str, resumed: bool, enabled: bool = True,
                loggers: tuple[str, ...] = ("tensorboard",)):
-    mode = "a" if resumed else "w"
     root = as_path(out_dir)
-    self._files = {name: (root / name).open(mode)
-                   for name in (METRICS, EVALS, ROLLOUTS)} if enabled else {}
+    start = open_appending if resumed else (lambda path: path.open("w"))
+    names = (METRICS, EVALS, ROLLOUTS) if enabled else ()
+    self._files = {name: start(root / name) for name in names}
     self._tb = (SummaryWriter(str(root / "tb"))
                 if enabled and "tensorboard" in loggers else None)
     self._wandb = (WandbLogger(str(root), root.name)
