@@ -1,7 +1,8 @@
 """Where a run writes: run directories, their metrics and checkpoints, exports and caches, as
 `etils.epath` paths (orbax uses them too). A local folder and, where epath's backend for it is
-installed, a remote one (`gs://bucket/run`) go through the same calls; local paths are what the
-tests cover. Model folders and datasets that a run reads are local files."""
+installed, a remote one (`gs://bucket/run`) go through the same calls; the tests cover local
+paths and `gs://` served by an in-memory filesystem, no real bucket. Model folders and datasets
+that a run reads are local files."""
 
 from __future__ import annotations
 

@@ -125,7 +125,8 @@ class AdaptiveDrafter:
     steps = self.spot.log[self._log_mark:]
     published = False
     if distributed.total(float(bool(steps and sample))) > 0:  # all processes, or none, check
-      published = self.publisher.publish(self.spot.trainer.params, self.port.token_params(0),
+      # The policy this rollout ran: what `after_update` gave the trainer at the last sync.
+      published = self.publisher.publish(self.spot.trainer.params, self.spot.trainer.target_params,
                                           self._holdout_batch(sample) if sample else None,
                                           current=self.in_use, agree=distributed.first)
       if published:

@@ -2,8 +2,8 @@
 the devices its hidden states are captured on (and the idle windows' devices), their width and
 dtype, the batch buckets a rollout harvests at, the target's embedding and head as each shard
 holds them, with their graph definition (`models.transformer.token_view`), the draft model's
-graph definition (to score a candidate as the engine would run it), and the drafter versions: read the one in use, install a new one on
-every shard."""
+graph definition (to score a candidate as the engine would run it), and the drafter versions:
+read the one in use, install a new one on every shard."""
 
 from __future__ import annotations
 

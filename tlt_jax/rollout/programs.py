@@ -69,13 +69,14 @@ def registered_source_digest(spec) -> str:
   src = hashlib.sha256()
   names = sorted({a.proposer for a in spec.arms if not a.is_plain}) if spec is not None else []
   for name in names:
-    module = inspect.getmodule(type(get_proposer(name)))
-    if module is None or module.__name__.split(".")[0] == __name__.split(".")[0]:
-      continue
+    cls = type(get_proposer(name))
+    module = inspect.getmodule(cls)
+    if module is not None and module.__name__.split(".")[0] == __name__.split(".")[0]:
+      continue  # in the package: `traced_source_digest` covers it
     try:
       src.update(module.__name__.encode() + b"\0" + inspect.getsource(module).encode())
-    except (OSError, TypeError):
-      src.update(f"{module.__name__} unsourced {os.getpid()} {id(module)}".encode())
+    except (AttributeError, OSError, TypeError):  # no module, or no source to read
+      src.update(f"{cls.__qualname__} unsourced {os.getpid()} {id(cls)}".encode())
   return src.hexdigest()
 
 
