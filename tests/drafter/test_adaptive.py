@@ -27,6 +27,7 @@ from tlt_jax.rl import resume
 from tlt_jax.rl.trainer import LoopConfig, Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.noise import PromptNoise
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 
@@ -55,31 +56,59 @@ def sd_rollout():
   return target, drafter, prompts, res, eng
 
 
-def test_every_buffered_hidden_state_equals_a_full_forward(sd_rollout):
-  target, _, prompts, res, eng = sd_rollout
-  assert res.timeline.summary()["sd_on_fraction"] > 0.5 and eng.spec.accept_len() > 1.2
+def _buffered_hidden_error(target, prompts, group, res) -> float:
+  """Buffers a rollout's captured hidden states (device to device) and returns their largest
+  distance from one causal forward over each whole sequence, checking every segment's tokens."""
   buf = DataBuffer(BufferConfig(max_tokens=10_000), target.cfg.d_model)
   with jax.transfer_guard_device_to_host("disallow_explicit"):  # device to device only
-    added = buf.add_rollout(prompts, 2, res, version=3, step=7)
+    added = buf.add_rollout(prompts, group, res, version=3, step=7)
     _, batch_hidden, _ = buf.pack(added, 16, 0)
   assert isinstance(batch_hidden, jax.Array) and batch_hidden.devices() == {buf.device}
   segs = buf.segments()
-  assert added == segs and len(segs) == 12 and all(s.version == 3 and s.step == 7 for s in segs)
+  assert added == segs and len(segs) == len(prompts) * group
+  assert all(s.version == 3 and s.step == 7 for s in segs)
   # One causal forward over every sequence, right-padded: padding leaves earlier positions be.
-  fulls = [list(prompts[i // 2]) + res.response(i) for i in range(len(segs))]
+  fulls = [list(prompts[i // group]) + res.response(i) for i in range(len(segs))]
   width = max(len(f) for f in fulls)
   padded = np.asarray([f + [0] * (width - len(f)) for f in fulls])
   hidden_all = np.asarray(nnx.jit(lambda m, t: m(t).hidden_BxTxD)(target, jnp.asarray(padded)))
   worst = 0.0
   for i, seg in enumerate(segs):
-    p, full = prompts[i // 2], fulls[i]
+    p, full = prompts[i // group], fulls[i]
     want = hidden_all[i, len(p) - 1:len(full)]
     assert seg.length == len(want) == 1 + int(res.lengths[i])
     np.testing.assert_array_equal(seg.tokens_L, [p[-1]] + res.response(i))
     hidden = buf.hidden(seg)
     assert np.all(np.abs(hidden).sum(-1) > 0)  # none missing or zero
     worst = max(worst, float(np.abs(hidden - np.asarray(want)).max()))
-  assert worst < 1e-4
+  return worst
+
+
+def test_every_buffered_hidden_state_equals_a_full_forward(sd_rollout):
+  target, _, prompts, res, eng = sd_rollout
+  assert res.timeline.summary()["sd_on_fraction"] > 0.5 and eng.spec.accept_len() > 1.2
+  assert _buffered_hidden_error(target, prompts, 2, res) < 1e-4
+
+
+def test_replayed_tokens_buffer_the_hidden_states_of_a_full_forward():
+  """Tokens the replay arm commits carry the hidden states of its verify forward, and the tokens
+  decoded after a row's stored response those of the decode steps: the adaptive drafter's
+  buffer holds a full forward's either way."""
+  target = peaked_model()
+  prompts = _prompts(4, seed=5)
+  params = SamplingParams(temperature=1.0, max_new_tokens=20, stop_tokens=STOPS)
+  addresses = PromptNoise().addresses(prompts, 2)
+  eng = RolloutEngine(target, EngineConfig(batch_buckets=(2, 8), max_batch=8,
+                                           steps_per_dispatch=3, precompile=False),
+                      noise="prompt", replay_chunk=6)
+  first = eng.generate(prompts, 2, params, jax.random.key(3), addresses=addresses)
+  stored = [first.response(i)[:max(int(first.lengths[i]) * 2 // 3, 1)]
+            for i in range(len(addresses))]
+  res = eng.generate(prompts, 2, params, jax.random.key(3), addresses=addresses, replay=stored,
+                     capture_hidden=True)
+  np.testing.assert_array_equal(res.tokens, first.tokens)
+  assert 0.3 < res.timeline.summary()["replay_fraction"] < 1.0  # replayed, then decoded
+  assert _buffered_hidden_error(target, prompts, 2, res) < 1e-4
 
 
 # ---------------------------------------------------------------- the buffer
