@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tests.conftest import jit_forward  # noqa: E402
 from tlt_jax.models.pretrained import load_pretrained, smollm2_gguf_path  # noqa: E402
 from tlt_jax.models.sampling import SamplingParams  # noqa: E402
 from tlt_jax.rollout.plain import generate_plain  # noqa: E402
@@ -54,18 +55,25 @@ def test_tokenizer_and_chat_template_match(pair):
 
 
 def test_logits_within_tolerance_and_greedy_32_tokens_identical(pair):
+  """Each prompt's logits against transformers' and its 32 greedy tokens against transformers'
+  `generate`. Ours run the four prompts as one right-padded batch (one program for the forward,
+  one for decoding; a causal row's positions before its padding see none of it)."""
   hf, _, model, tok = pair
   torch.set_num_threads(2)
-  for p in PROMPTS:
-    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]))
+  prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]))
+             for p in PROMPTS]
+  width = max(len(ids) for ids in prompts)
+  padded = np.asarray([ids + [tok.pad_id] * (width - len(ids)) for ids in prompts])
+  logits = np.asarray(jit_forward(model, jnp.asarray(padded)).logits_BxTxV)
+  ours = generate_plain(model, prompts, jax.random.key(0),
+                        SamplingParams(temperature=0.0, max_new_tokens=32), pad_id=tok.pad_id)
+  for i, (p, ids) in enumerate(zip(PROMPTS, prompts)):
     with torch.no_grad():
-      want = hf(torch.tensor([ids])).logits.numpy()
+      want = hf(torch.tensor([ids])).logits.numpy()[0]
       x = torch.tensor([ids])  # explicit mask: the prompt holds <|im_end|>, which is also the pad
       hf_gen = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=32,
                            do_sample=False, eos_token_id=None,
                            pad_token_id=tok.pad_id)[0, len(ids):].tolist()
-    got = np.asarray(model(jnp.asarray([ids])).logits_BxTxV)
-    assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max()
-    ours = generate_plain(model, [ids], jax.random.key(0),
-                          SamplingParams(temperature=0.0, max_new_tokens=32)).response(0)
-    assert ours == hf_gen, (p, tok.decode(ours), tok.decode(hf_gen))
+    got = logits[i, :len(ids)]
+    assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max(), p
+    assert ours.response(i) == hf_gen, (p, tok.decode(ours.response(i)), tok.decode(hf_gen))
