@@ -20,7 +20,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
   small = variant == "small"
   c = base.with_tlt(base.tiny_run("bench_drafter", variant), small)
-  c.train.steps = 3 if small else 12
+  c.train.steps = 3 if small else 16  # the frozen drafter must lose >= 15 % (BENCHMARKS)
   c.rl.optim.lr = 1e-3            # the drift: 5x tiny_baseline's learning rate
   c.drafter.warmup.steps = 150    # the demo's warm-up drafter (cached)
   c.rollout.engine.num_shards = 2

@@ -15,6 +15,9 @@ Small variant (tests):
   python -m experiments.bench_replay --config=experiments/configs/bench_replay.py:small
 Rollout speed alone (one seed, prompt noise with and without replay, the chunk's cost; for a GPU):
   python -m experiments.bench_replay --config=experiments/configs/bench_replay.py:speed
+The same on SmolLM2-135M-Instruct (`smollm2_baseline`'s run over a pool of 16 word problems, 8 per
+step for 8 steps, so each prompt comes back every ~2 steps; no held-out evaluation):
+  python -m experiments.bench_replay --config=experiments/configs/bench_replay.py:smollm2
 """
 
 import ml_collections
@@ -23,22 +26,26 @@ from experiments.configs import base
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  if variant not in ("", "small", "speed"):
-    raise ValueError(f"Unknown variant {variant!r}; use '', 'small' or 'speed'.")
+  if variant not in ("", "small", "speed", "smollm2"):
+    raise ValueError(f"Unknown variant {variant!r}; use '', 'small', 'speed' or 'smollm2'.")
   small = variant == "small"
-  c = base.tiny_run("bench_replay", "small" if small else "")
-  c.out_dir = "runs/bench_replay"
-  if not small:
+  if variant == "smollm2":
+    c = base.smollm2_run("bench_replay_smollm2")
+    c.train.update(dict(num_prompts=16, prompts_per_step=8, steps=8, eval_every=0))
+  elif small:
+    c = base.tiny_run("bench_replay", "small")
+    c.train.update(dict(num_prompts=4, checkpoint_every=0))
+  else:
+    c = base.tiny_run("bench_replay")
     c.train.update(dict(num_prompts=64, prompts_per_step=16, steps=40, eval_every=40,
                         eval_prompts=256))
-  else:
-    c.train.update(dict(num_prompts=4, checkpoint_every=0))
+  c.out_dir = f"runs/{c.name}"
   c.rollout.noise, c.rollout.noise_refresh = "prompt", 0
   c.rollout.history = ml_collections.ConfigDict(dict(max_tokens=1_000_000, chunk=8))
   c.bench = ml_collections.ConfigDict(dict(
-      seeds=(0,) if small or variant == "speed" else (0, 1, 2),
+      seeds=(0,) if variant in ("small", "speed", "smollm2") else (0, 1, 2),
       # The noise settings run per seed: "step", "prompt", "refresh" (prompt noise renewed).
-      settings=("prompt",) if variant == "speed" else ("step", "prompt", "refresh"),
+      settings=("prompt",) if variant in ("speed", "smollm2") else ("step", "prompt", "refresh"),
       refresh=2 if small else 4,  # visits per noise epoch in the refreshed setting
       cost_iters=5 if small else 20))  # timed calls per c(B, T) cell
   return c

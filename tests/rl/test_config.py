@@ -22,6 +22,7 @@ def test_every_run_config_and_variant_converts():
   runs = {"tiny_baseline": ("", "small", "long"), "tiny_tlt": ("", "small", "long"),
           "smollm2_baseline": ("", "small"), "smollm2_tlt": ("", "small"),
           "tiny_seeds": ("", "small", "tlt_rejection"), "bench_drafter": ("", "small"),
+          "bench_replay": ("", "small", "speed", "smollm2"),
           "hf_math": ("", "small", "tlt", "tlt,small"), "demo": ("baseline",)}
   for name, variants in runs.items():
     module = importlib.import_module(f"experiments.configs.{name}")
