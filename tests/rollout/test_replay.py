@@ -13,6 +13,8 @@ from tlt_jax.rollout import compiles
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.history import History
 from tlt_jax.rollout.noise import PROMPT_WORDS, PromptNoise, prompt_id
+from tlt_jax.rollout.replay_choice import ReplayChoice
+from tlt_jax.spec.costs import CostTable
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 STOPS = (7, 9, 11)
@@ -38,10 +40,11 @@ def _moved(model, scale: float):
   return nnx.merge(graphdef, state)
 
 
-def _engine(model, replay_chunk=CHUNK, spec=None, **kw):
+def _engine(model, replay_chunk=CHUNK, spec=None, costs=None, **kw):
   cfg = EngineConfig(**dict(dict(batch_buckets=(2, 8), max_batch=8, steps_per_dispatch=3,
                                  precompile=False), **kw))
-  return RolloutEngine(model, cfg, noise="prompt", replay_chunk=replay_chunk, spec=spec)
+  return RolloutEngine(model, cfg, noise="prompt", replay_chunk=replay_chunk, spec=spec,
+                       costs=costs)
 
 
 def test_prompt_noise_addresses():
@@ -145,6 +148,53 @@ def test_replay_beside_speculation_and_without_compiles(model):
   np.testing.assert_array_equal(res.tokens, plain.tokens)
   kinds = {e.kind for e in res.timeline.events}
   assert "replay" in kinds and "spec:suffix_d3_n2" in kinds, kinds
+
+
+def test_replay_choice_prices_a_dispatch_by_the_cost_table_and_the_running_acceptance():
+  """Replay where (live - replaying + replaying * accept) / c(B, 1 + chunk) beats
+  live / c(B, 1); by the share of rows replaying where the table lacks the bucket."""
+  table = CostTable({(8, 1): 1.0, (8, 1 + CHUNK): 3.0})
+  choice = ReplayChoice(CHUNK, table)
+  assert choice.accept == CHUNK + 1  # before any replay dispatch: optimistic, so it measures
+  assert choice.replays(8, 8, 8)  # 8 * 7 tokens for 3 steps' time against 8 * 3
+  assert choice.replays(8, 8, 4)  # (4 + 28) / 3 > 8
+  assert not choice.replays(8, 8, 2)  # (6 + 14) / 3 < 8
+  assert not choice.replays(8, 8, 0)
+  assert choice.speedup(8, 8, 4) == pytest.approx(32 / 24)
+  choice.record(tokens=16, row_steps=8)  # 2 tokens per replaying row-step
+  assert choice.accept == pytest.approx(7 + 0.3 * (2 - 7))
+  assert choice.replays(8, 8, 8) and not choice.replays(8, 8, 3)  # 5.5 / 3 > 1 > 21.5 / 24
+  for _ in range(20):
+    choice.record(tokens=24, row_steps=16)  # 1.5: no longer pays at 3 decode steps a verify
+  assert not choice.replays(8, 8, 8)
+  unpriced = ReplayChoice(CHUNK, CostTable({(8, 1): 1.0}))  # no verify cell: by the share
+  assert unpriced.speedup(8, 8, 4) is None
+  assert unpriced.replays(8, 8, 4) and not unpriced.replays(8, 8, 3)
+  assert ReplayChoice(CHUNK).replays(2, 2, 1)
+
+
+def test_a_replay_declined_where_the_verify_is_dear_is_taken_where_it_is_cheap(model):
+  """Priced at 20 decode steps a verify at 8 rows and 1 at 2 rows, the engine decodes its 8-row
+  dispatches and replays its 2-row ones, and the rows that decoded meanwhile still replay
+  (their tokens equalled the stored ones); the tokens are those of replay off either way."""
+  prompts, g = _prompts(4, seed=5), 2
+  params = SamplingParams(temperature=1.0, max_new_tokens=20, stop_tokens=STOPS)
+  addr = PromptNoise().addresses(prompts, g)
+  key = jax.random.key(6)
+  first = _engine(model, replay_chunk=0).generate(prompts, g, params, key, addresses=addr)
+  stored = [first.response(i) for i in range(len(first.lengths))]
+  table = CostTable({(8, 1): 1.0, (8, 1 + CHUNK): 20.0, (2, 1): 1.0, (2, 1 + CHUNK): 1.0})
+  res = _engine(model, costs=table).generate(prompts, g, params, key, addresses=addr,
+                                             replay=stored)
+  np.testing.assert_array_equal(res.tokens, first.tokens)
+  runs = {(e.kind, e.bucket) for e in res.timeline.events if e.kind in ("decode", "replay")}
+  assert ("decode", 8) in runs and ("replay", 2) in runs and ("replay", 8) not in runs, runs
+  assert res.timeline.summary()["replay_fraction"] > 0.0
+  dear = CostTable({(b, t): 1.0 if t == 1 else 20.0 for b in (2, 8) for t in (1, 1 + CHUNK)})
+  plain = _engine(model, costs=dear).generate(prompts, g, params, key, addresses=addr,
+                                              replay=stored)
+  assert {e.kind for e in plain.timeline.events} & {"replay"} == set()
+  np.testing.assert_array_equal(plain.tokens, first.tokens)
 
 
 def test_replay_needs_coupled_and_prompt_addresses(model):

@@ -112,11 +112,15 @@ def drafter_step_runner(target, drafter, batch: int, tokens: int, cache_len: int
   return run
 
 
-def needed_cells(spec: SpecConfig, buckets) -> tuple[set, set]:
+def needed_cells(spec: SpecConfig | None, buckets, replay_chunk: int = 0) -> tuple[set, set]:
   """The (B, T) cells of the target and of the drafter that `spec`'s arms are priced with, at
-  the batch buckets up to its threshold's bucket."""
+  the batch buckets up to its threshold's bucket, and with `replay_chunk` > 0 the decode and the
+  replay verify (`rollout/replay_choice.py`) at every bucket in `buckets`."""
+  target = {(b, t) for b in buckets for t in (1, 1 + replay_chunk)} if replay_chunk else set()
+  draft = set()
+  if spec is None:
+    return target, draft
   top = min((b for b in buckets if b >= spec.threshold), default=max(buckets))
-  target, draft = set(), set()
   for b in (b for b in buckets if b <= top):
     target.add((b, 1))
     for arm in spec.arms:
@@ -151,22 +155,24 @@ def machine_id() -> dict:
           "cpus": os.cpu_count(), "machine": platform.machine(), "jax": jax.__version__}
 
 
-def cost_table_for(target, drafter, spec: SpecConfig, buckets, cache_len: int, cache_dir: str,
-                   *, prefix: int = 64) -> tuple[CostTable, bool]:
-  """The cost table `spec`'s `cost` chooser needs: loaded from `cache_dir/costs` when this
-  machine measured it for these shapes before, else measured (a few seconds per bucket) and
-  cached. Returns (table, whether it was loaded)."""
-  target_cells, draft_cells = needed_cells(spec, buckets)
+def cost_table_for(target, drafter, spec: SpecConfig | None, buckets, cache_len: int,
+                   cache_dir: str, *, replay_chunk: int = 0,
+                   prefix: int = 64) -> tuple[CostTable, bool]:
+  """The cost table that `spec`'s `cost` chooser and the replay choice (`replay_chunk` > 0)
+  need: loaded from `cache_dir/costs` when this machine measured it for these shapes before,
+  else measured (a few seconds per bucket) and cached. Returns (table, whether it was loaded)."""
+  target_cells, draft_cells = needed_cells(spec, buckets, replay_chunk)
+  rule = spec.rule if spec is not None else "coupled"
   dshape = None if drafter is None else (repr(drafter.cfg), drafter.target_cfg.to_dict())
   key = content_digest([machine_id(), target.cfg.to_dict(), dshape, sorted(target_cells),
-                        sorted(draft_cells), cache_len, prefix, spec.rule])
+                        sorted(draft_cells), cache_len, prefix, rule])
   path = as_path(cache_dir) / "costs" / f"{key}.json"
   if path.exists():
     return CostTable.from_json(path.read_text()), True
   if draft_cells and drafter is None:
     raise ValueError("The spec's arms draft with a drafter, but none was given to price them.")
   table = measure_cost_table(target, drafter, target_cells, draft_cells, cache_len, prefix=prefix,
-                             rule=spec.rule)
+                             rule=rule)
   path.parent.mkdir(parents=True, exist_ok=True)
   write_whole(path, table.to_json())
   return table, False

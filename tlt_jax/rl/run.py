@@ -27,7 +27,7 @@ from tlt_jax.rl.memory import (GB, MemoryPlan, PlanTarget, device_limit_bytes, p
 from tlt_jax.rl.metrics import write_run_record
 from tlt_jax.rl.trainer import Trainer, check_split
 from tlt_jax.rollout.engine import EngineConfig
-from tlt_jax.rollout.programs import cache_length
+from tlt_jax.rollout.programs import bucket_for, cache_length
 from tlt_jax.sft import default_cache_dir
 from tlt_jax.workloads import build_drafter, build_workload, fitting, starting_policy
 
@@ -176,10 +176,19 @@ def build_trainer(rc: RunConfig, progress: bool = True, stages: Stages | None = 
     n = len(held_out.prompts) - len(held_out.prompts) % jax.process_count()
     eval_prompts, eval_answers = held_out.prompts[:n], held_out.answers[:n]
   costs = None
-  if rc.spec is not None and rc.spec.chooser == "cost":  # measured once per machine, cached
-    cache_len = longest + w.params.max_new_tokens + rc.spec.max_written + 1
-    costs, _ = cost_table_for(w.model, stages.drafter, rc.spec, engine.batch_buckets,
-                              cache_len, rc.workload.cache_dir or default_cache_dir())
+  priced = rc.spec if rc.spec is not None and rc.spec.chooser == "cost" else None
+  if priced is not None or rc.replay.chunk:  # measured once per machine, cached
+    slack = max(priced.max_written if priced is not None else 0, rc.replay.chunk) + 1
+    top = bucket_for(engine.max_batch, engine.batch_buckets)
+    t0 = time.perf_counter()
+    costs, loaded = cost_table_for(w.model, stages.drafter, priced,
+                                   [b for b in engine.batch_buckets if b <= top],
+                                   longest + w.params.max_new_tokens + slack,
+                                   rc.workload.cache_dir or default_cache_dir(),
+                                   replay_chunk=rc.replay.chunk)
+    if progress and not loaded and distributed.is_writer():
+      print(f"[run] cost table: {len(costs.target_s) + len(costs.draft_s)} cells measured in "
+            f"{time.perf_counter() - t0:.1f} s (cached for this machine)", flush=True)
   return Trainer(w, rc.loop, engine_cfg=engine, learner=rc.learner, optim=rc.optim,
                  spec=rc.spec, drafter=stages.drafter, adaptive=rc.adaptive, costs=costs,
                  eval_prompts=eval_prompts, eval_answers=eval_answers, replay=rc.replay)

@@ -35,6 +35,7 @@ from tlt_jax.rollout.plain import pad_prompts
 from tlt_jax.rollout.noise import NOISE_MODES, PROMPT_WORDS, step_addresses
 from tlt_jax.rollout.pool import configure_compilation_cache
 from tlt_jax.rollout.port import DrafterPort
+from tlt_jax.rollout.replay_choice import ReplayChoice
 from tlt_jax.rollout.programs import Layout, Programs, bucket_for, distinct_prompts
 from tlt_jax.rollout.scheduler import Results, ShardRun, next_ready, split_waves
 from tlt_jax.rollout.shards import shard_meshes
@@ -45,11 +46,6 @@ from tlt_jax.spec.costs import CostTable
 from tlt_jax.spec.proposer import DraftModel, get_proposer
 from tlt_jax.spec.strategy import SpecConfig
 from tlt_jax.typed import typed
-
-
-# A dispatch replays (`rollout/replay.py`) while at least this share of its live rows still do;
-# the other rows emit one token per replay step.
-REPLAY_SHARE = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +164,7 @@ class RolloutEngine:
       config = dataclasses.replace(config, compile_cache_dir=jax.config.jax_compilation_cache_dir)
     self.cfg = config
     self.replay_chunk = replay_chunk
+    self.replay_choice = ReplayChoice(replay_chunk, costs)
     self.noise = noise  # "prompt": `generate` takes each row's address (`rollout/noise.py`)
     self.words = PROMPT_WORDS if noise == "prompt" else 1
     self.spec = (SpecController(spec, config.batch_buckets, costs) if spec is not None
@@ -300,14 +297,14 @@ class RolloutEngine:
     call.timeline.record(s, "prefill", t0, time.perf_counter(), b, len(wave))
     slot_rows = np.concatenate([wave, np.full(pad, -1)])  # row of each slot (-1: padding)
     return ShardRun(st, b, slot_rows, len(wave), np.zeros(b, np.int64), np.zeros(b, np.int64),
-                    replaying=int(np.sum(replay_len > 0)), replayed=np.zeros(b, np.int64))
+                    replaying=(replay_len > 0) & active, replayed=np.zeros(b, np.int64))
 
   def _dispatch(self, call: _Call, s: int, run: ShardRun) -> None:
-    """Launches shard `s`'s next `steps_per_dispatch` steps: replay while enough of its rows
-    still replay, else plain or the arm the controller picks for its batch; returns without
-    waiting for them."""
+    """Launches shard `s`'s next `steps_per_dispatch` steps: replay where `ReplayChoice` says it
+    is faster for the rows still replaying, else plain or the arm the controller picks for its
+    batch; returns without waiting for them."""
     arm = None
-    if run.replaying and run.replaying >= REPLAY_SHARE * run.live:
+    if self.replay_choice.replays(run.b, run.live, int(np.sum(run.replaying))):
       key_build, run.kind = self.programs.replay(s, run.b, call.layout, call.params), "replay"
     else:
       arm = self.spec.choose(run.b, run.live) if self.spec is not None else None
@@ -333,7 +330,11 @@ class RolloutEngine:
     call.timeline.record(s, run.kind, run.t0, time.perf_counter(), run.b, run.live,
                          steps=self.cfg.steps_per_dispatch, live_after=len(live_slots),
                          tokens=emitted, replayed=int(np.sum(rp_now - run.replayed)))
-    run.replaying, run.replayed = int(np.sum(on_now[live_slots])), rp_now
+    if run.kind == "replay":
+      on = run.replaying  # the rows that replayed at the dispatch's start
+      self.replay_choice.record(int(np.sum((t_now - run.t)[on])),
+                                int(np.sum((ss_now - run.ss)[on])))
+    run.replaying, run.replayed = on_now & ~done & (run.slots >= 0), rp_now
     if run.arm is not None:
       self.spec.record(run.b, run.arm, emitted, int(np.sum(ss_now - run.ss)), wall, run.live)
     run.t, run.ss = t_now, ss_now
@@ -361,6 +362,7 @@ class RolloutEngine:
       slots[len(live_slots):] = -1  # padding slots: already harvested, never harvested again
       run.slots, run.b = slots, new_b
       run.t, run.ss, run.replayed = run.t[idx], run.ss[idx], run.replayed[idx]
+      run.replaying = run.replaying[idx] & (slots >= 0)
       call.timeline.record(s, "compact", t0, time.perf_counter(), new_b, len(live_slots))
     run.live = len(live_slots)
     return run

@@ -34,7 +34,7 @@ class ShardRun:
   arm: int | None = None   # the arm of the dispatch in flight (None: plain or replay)
   t0: float = 0.0          # when it was launched
   kind: str = "decode"     # what the dispatch in flight runs: decode, spec:<arm> or replay
-  replaying: int = 0       # live rows still replaying their stored responses
+  replaying: np.ndarray | None = None  # which slots' live rows still replay their stored responses
   replayed: np.ndarray | None = None  # tokens each slot had emitted by replay at the last sync
 
 

@@ -1,0 +1,60 @@
+"""Whether a dispatch replays (`rollout/replay.py`) or decodes: a speed choice, never a token one.
+
+A replay step verifies `chunk` stored tokens per row in one forward, c(B, 1 + chunk), where a
+decode step costs c(B, 1): a replaying row emits `accept` tokens per step (its next token and the
+stored tokens the current policy still samples), a row that no longer replays one. With `live`
+rows of which `replaying` still replay, replay is faster when
+
+    (live - replaying + replaying * accept) / c(B, 1 + chunk) > live / c(B, 1).
+
+`accept` is the running mean, over this engine's replay dispatches, of the tokens emitted per
+step by the rows that replayed at a dispatch's start (a row that leaves replay during the dispatch
+counts with the single tokens it emits after), starting at `chunk + 1` so that the first
+dispatches replay and measure it. A row that decodes keeps replaying as long as its tokens equal
+its stored ones (`ReplayState.after_emit`), so declining to replay at a large batch, where the
+verify is dear, leaves its rows to replay at a smaller one. Without the two costs in the table,
+a dispatch replays while at least `SHARE` of its live rows still do.
+"""
+
+from __future__ import annotations
+
+from tlt_jax.spec.costs import CostTable
+
+SHARE = 0.5   # without costs: replay while at least this share of the live rows replay
+DECAY = 0.3   # weight of the newest dispatch in the running acceptance
+
+
+class ReplayChoice:
+  """The engine's replay-or-decode choice per dispatch, and the acceptance it learns."""
+
+  def __init__(self, chunk: int, costs: CostTable | None = None):
+    self.chunk, self.costs = chunk, costs
+    self.accept = float(chunk + 1)
+
+  def verify_steps(self, b: int) -> float | None:
+    """c(B, 1 + chunk) / c(B, 1) at batch bucket `b` (None where the table lacks either)."""
+    if self.costs is None:
+      return None
+    c1, cv = self.costs.target(b, 1), self.costs.target(b, 1 + self.chunk)
+    return None if c1 is None or cv is None else cv / c1
+
+  def speedup(self, b: int, live: int, replaying: int) -> float | None:
+    """Predicted speed of a replay dispatch against decoding (None: not priced)."""
+    steps = self.verify_steps(b)
+    if steps is None or not live:
+      return None
+    return (live - replaying + replaying * self.accept) / (live * steps)
+
+  def replays(self, b: int, live: int, replaying: int) -> bool:
+    """Whether the next dispatch of `live` rows at bucket `b`, `replaying` of which replay,
+    should replay."""
+    if not replaying:
+      return False
+    speed = self.speedup(b, live, replaying)
+    return replaying >= SHARE * live if speed is None else speed > 1.0
+
+  def record(self, tokens: int, row_steps: int) -> None:
+    """A replay dispatch's rows that replayed at its start emitted `tokens` in `row_steps` steps
+    (summed over those rows, each counted while it was live)."""
+    if row_steps:
+      self.accept += DECAY * (tokens / row_steps - self.accept)
