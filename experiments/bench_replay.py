@@ -54,7 +54,8 @@ def main(argv):
     print(f"{row['gap']:>22}   {row['samples']:7d}   {row['kept']:.3f}")
   rows_per_step = c.train.prompts_per_step * c.train.group_size
   cost = bench.chunk_cost(replayed["model"], sorted({1, rows_per_step // 8, rows_per_step}),
-                          c.rollout.history.chunk, replayed["cache_len"], b.cost_iters)
+                          c.rollout.history.chunk, replayed["cache_len"], b.cost_iters,
+                          replayed["params"])
   print(f"chunk {c.rollout.history.chunk}: B   c(B,1) ms   c(B,1+chunk) ms   in decode steps   "
         "ceiling (tokens per decode step's time)")
   for row in cost:

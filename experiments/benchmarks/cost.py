@@ -130,8 +130,9 @@ def matmul_only_cost(model, batch: int, iters: int = 10, fused: bool = True) -> 
 
 
 def cost_table(model, batches, tokens, cache_len: int, iters: int = 10, rounds: int = 3,
-               impl: str = "xla") -> list[dict]:
-  """c(B, T) for every pair, in milliseconds, with the per-row-token cost.
+               impl: str = "xla", params=None) -> list[dict]:
+  """c(B, T) for every pair, in milliseconds, with the per-row-token cost (with `params`, each
+  step also samples its T positions, `step_runner`).
 
   The cells of one batch are timed together (`alternating_times`, every step compiled once),
   and each cell reports its fastest call (`ms`: load on a shared machine only ever adds time)
@@ -139,7 +140,7 @@ def cost_table(model, batches, tokens, cache_len: int, iters: int = 10, rounds: 
   from the same moments of the machine, not from cells measured minutes apart."""
   rows = []
   for b in batches:
-    times = alternating_times({t: step_runner(model, b, t, cache_len, impl=impl)
+    times = alternating_times({t: step_runner(model, b, t, cache_len, impl=impl, params=params)
                                for t in tokens}, rounds, iters)
     for t in tokens:
       c, med = float(np.min(times[t])), float(np.median(times[t]))

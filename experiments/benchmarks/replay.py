@@ -59,7 +59,7 @@ def run(c, out_dir: str, name: str, seed: int, noise: str, refresh: int = 0,
   memory = trainer.memory
   rows = _recorder(trainer) if memory is not None and memory.history is not None else []
   history = trainer.run(progress=False)
-  return {"records": history, "rows": rows, "model": trainer.w.model,
+  return {"records": history, "rows": rows, "model": trainer.w.model, "params": trainer.w.params,
           "cache_len": trainer.engine.programs.layout(trainer.w.params.max_new_tokens,
                                                       False).cache_len}
 
@@ -77,11 +77,12 @@ def kept_by_gap(rows) -> list[dict]:
   return out
 
 
-def chunk_cost(model, batches, chunk: int, cache_len: int, iters: int) -> list[dict]:
-  """c(B, 1 + chunk) against c(B, 1) at each batch: what one replay step costs in decode steps,
-  which bounds replay's speedup (a replay step emits at most 1 + chunk tokens)."""
+def chunk_cost(model, batches, chunk: int, cache_len: int, iters: int, params) -> list[dict]:
+  """c(B, 1 + chunk) against c(B, 1) at each batch, each step sampling its positions under
+  `params` as the engine's do: what one replay step costs in decode steps, which bounds replay's
+  speedup (a replay step emits at most 1 + chunk tokens)."""
   table = {(r["B"], r["T"]): r["ms"]
-           for r in cost_table(model, batches, (1, 1 + chunk), cache_len, iters)}
+           for r in cost_table(model, batches, (1, 1 + chunk), cache_len, iters, params=params)}
   return [{"B": b, "c1_ms": table[b, 1], "verify_ms": table[b, 1 + chunk],
            "verify_steps": round(table[b, 1 + chunk] / table[b, 1], 3),
            "ceiling": round((1 + chunk) * table[b, 1] / table[b, 1 + chunk], 3)}

@@ -161,9 +161,11 @@ def test_replay_choice_prices_a_dispatch_by_the_cost_table_and_the_running_accep
   assert not choice.replays(8, 8, 2)  # (6 + 14) / 3 < 8
   assert not choice.replays(8, 8, 0)
   assert choice.speedup(8, 8, 4) == pytest.approx(32 / 24)
-  choice.record(tokens=16, row_steps=8)  # 2 tokens per replaying row-step
-  assert choice.accept == pytest.approx(7 + 0.3 * (2 - 7))
-  assert choice.replays(8, 8, 8) and not choice.replays(8, 8, 3)  # 5.5 / 3 > 1 > 21.5 / 24
+  choice.record(tokens=40, row_steps=8)  # the first measurement replaces the prior
+  assert choice.accept == 5.0
+  assert choice.replays(8, 8, 8) and not choice.replays(8, 8, 4)  # 5 / 3 > 1 > 20 / 24
+  choice.record(tokens=16, row_steps=8)  # then a running mean
+  assert choice.accept == pytest.approx(5 + 0.3 * (2 - 5))
   for _ in range(20):
     choice.record(tokens=24, row_steps=16)  # 1.5: no longer pays at 3 decode steps a verify
   assert not choice.replays(8, 8, 8)

@@ -8,15 +8,16 @@ import numpy as np
 import pytest
 
 from tests.conftest import small_config
-from tlt_jax.drafter.costs import cost_table_for, needed_cells
+from tlt_jax.drafter.costs import cost_table_for, needed_cells, step_runner
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.models import init_model
-from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.models.sampling import SamplingParams, processed_logprobs
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.controller import SpecController
 from tlt_jax.spec.cost_chooser import CostChooser
 from tlt_jax.spec.costs import CostTable
 from tlt_jax.spec.strategy import SpecConfig, Strategy
+from tlt_jax.spec.verify import coupled_targets
 
 EAGLE3, SUFFIX3, PLAIN = Strategy("eagle", 3, 0), Strategy("suffix", 3, 3), Strategy("plain", 1, 0)
 # c(B, 1) = 10 ms, a verify of 4 tokens 15 ms at B = 1 and 20 ms at B = 2; a draft step 1 ms,
@@ -106,6 +107,26 @@ def test_needed_cells_and_the_per_machine_cache(tmp_path):
   assert all(s > 0 for s in [*table.target_s.values(), *table.draft_s.values()])
   again, loaded = cost_table_for(target, drafter, spec, (1, 2, 4, 8), 64, str(tmp_path))
   assert loaded and again == table
+  # Replay's cells (`rollout/replay_choice.py`): a decode and a verify of 1 + chunk at every
+  # bucket, beside the spec's or alone.
+  assert needed_cells(None, (1, 2), replay_chunk=8) == ({(1, 1), (1, 9), (2, 1), (2, 9)}, set())
+  assert needed_cells(spec, (1, 2, 4), replay_chunk=8)[0] == t_cells | {
+      (b, t) for b in (1, 2, 4) for t in (1, 9)}
+  replay, loaded = cost_table_for(target, None, None, (1, 2), 64, str(tmp_path), replay_chunk=8)
+  assert not loaded and set(replay.target_s) == {(1, 1), (1, 9), (2, 1), (2, 9)}
+
+
+def test_a_priced_step_samples_every_position_as_the_engine_does():
+  """The cost table times each step with its sampling: the draw from the processed
+  distribution under each position's addressed noise (`spec.verify.coupled_targets`)."""
+  model = init_model(small_config(), seed=0)
+  params = SamplingParams(temperature=0.9)
+  logits = step_runner(model, 2, 5, 64)()
+  tokens = step_runner(model, 2, 5, 64, params=params)()
+  expected = coupled_targets(processed_logprobs(logits, params), jax.random.key(0),
+                             np.arange(2), 64 + np.tile(np.arange(5), (2, 1)), False)
+  assert tokens.shape == (2, 5)
+  np.testing.assert_array_equal(tokens, expected)
 
 
 def test_the_engine_decodes_exactly_under_the_cost_chooser():

@@ -25,6 +25,7 @@ from tlt_jax.paths import as_path, write_whole
 from tlt_jax.spec.costs import CostTable
 from tlt_jax.spec.proposer import get_proposer
 from tlt_jax.spec.strategy import SpecConfig
+from tlt_jax.spec.verify import coupled_targets
 
 _COST_PARAMS = SamplingParams(temperature=0.9)  # a sampled draft, as in the benchmarks
 
@@ -41,21 +42,30 @@ def call_times(fn, iters: int) -> np.ndarray:
 
 
 def step_runner(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 64,
-                impl: str = "xla"):
+                impl: str = "xla", params: SamplingParams | None = None):
   """A call of one jitted cached step, compiled once: `tokens` new tokens for each of `batch`
   rows over a committed prefix of `prefix` tokens, followed by a commit (as a decode or a
   verify), with attention implementation `impl` and the weights in the compute dtype, as the
-  engine holds them. The cache is donated and updated in place, as in the engine."""
+  engine holds them. The cache is donated and updated in place, as in the engine. With
+  `params`, the step also draws every position's sample from the processed distribution under
+  its own addressed noise, as a decode step samples and a coupled verify checks its drafts (over
+  the whole vocabulary at each of the `tokens` positions, which at a large vocabulary is a good
+  part of a verify's cost)."""
   graphdef, state = nnx.split(model)
   state = compute_copy(state, model.cfg.dtype)
   cfg = model.cfg
   prefix_B = jnp.full((batch,), prefix, jnp.int32)
+  ids_B, pos_BxT = jnp.arange(batch), prefix + jnp.broadcast_to(jnp.arange(tokens), (batch, tokens))
 
   @functools.partial(jax.jit, donate_argnums=1)
   def step(state, cache, toks):
     out = nnx.merge(graphdef, state)(toks, cache)
     cache = kvc.commit(out.cache, jnp.ones((batch,), jnp.int32))
-    return out.logits_BxTxV, cache.replace(lengths_B=prefix_B)  # the same step every call
+    y = out.logits_BxTxV
+    if params is not None:
+      y = coupled_targets(processed_logprobs(y, params), jax.random.key(0), ids_B, pos_BxT,
+                          params.greedy)
+    return y, cache.replace(lengths_B=prefix_B)  # the same step every call
 
   # The cache is donated: its lengths must not be the closed-over `prefix_B` itself.
   box = [kvc.init_cache(cfg, batch, cache_len, impl=impl).replace(lengths_B=prefix_B + 0)]
@@ -139,7 +149,8 @@ def measure_cost_table(target, drafter, target_cells, draft_cells, cache_len: in
   under `rule`), timed together in alternating rounds."""
   target_s, draft_s = {}, {}
   for b in sorted({b for b, _ in target_cells | draft_cells}):
-    runners = {("t", t): step_runner(target, b, t, cache_len, prefix=prefix)
+    runners = {("t", t): step_runner(target, b, t, cache_len, prefix=prefix,
+                                     params=_COST_PARAMS)
                for bb, t in sorted(target_cells) if bb == b}
     runners.update({("d", t): drafter_step_runner(target, drafter, b, t, cache_len,
                                                   prefix=prefix, rule=rule)
@@ -165,7 +176,7 @@ def cost_table_for(target, drafter, spec: SpecConfig | None, buckets, cache_len:
   rule = spec.rule if spec is not None else "coupled"
   dshape = None if drafter is None else (repr(drafter.cfg), drafter.target_cfg.to_dict())
   key = content_digest([machine_id(), target.cfg.to_dict(), dshape, sorted(target_cells),
-                        sorted(draft_cells), cache_len, prefix, rule])
+                        sorted(draft_cells), cache_len, prefix, rule, "sampled"])
   path = as_path(cache_dir) / "costs" / f"{key}.json"
   if path.exists():
     return CostTable.from_json(path.read_text()), True

@@ -9,8 +9,9 @@ rows of which `replaying` still replay, replay is faster when
 
 `accept` is the running mean, over this engine's replay dispatches, of the tokens emitted per
 step by the rows that replayed at a dispatch's start (a row that leaves replay during the dispatch
-counts with the single tokens it emits after), starting at `chunk + 1` so that the first
-dispatches replay and measure it. A row that decodes keeps replaying as long as its tokens equal
+counts with the single tokens it emits after): the first dispatch's figure, then a running mean.
+Before any is measured it is `chunk + 1`, so the first dispatch that can replay does, and measures
+it. A row that decodes keeps replaying as long as its tokens equal
 its stored ones (`ReplayState.after_emit`), so declining to replay at a large batch, where the
 verify is dear, leaves its rows to replay at a smaller one. Without the two costs in the table,
 a dispatch replays while at least `SHARE` of its live rows still do.
@@ -30,6 +31,7 @@ class ReplayChoice:
   def __init__(self, chunk: int, costs: CostTable | None = None):
     self.chunk, self.costs = chunk, costs
     self.accept = float(chunk + 1)
+    self.measured = False
 
   def verify_steps(self, b: int) -> float | None:
     """c(B, 1 + chunk) / c(B, 1) at batch bucket `b` (None where the table lacks either)."""
@@ -57,4 +59,6 @@ class ReplayChoice:
     """A replay dispatch's rows that replayed at its start emitted `tokens` in `row_steps` steps
     (summed over those rows, each counted while it was live)."""
     if row_steps:
-      self.accept += DECAY * (tokens / row_steps - self.accept)
+      rate = tokens / row_steps
+      self.accept = self.accept + DECAY * (rate - self.accept) if self.measured else rate
+      self.measured = True
