@@ -161,13 +161,13 @@ def test_replay_choice_prices_a_dispatch_by_the_cost_table_and_the_running_accep
   assert not choice.replays(8, 8, 2)  # (6 + 14) / 3 < 8
   assert not choice.replays(8, 8, 0)
   assert choice.speedup(8, 8, 4) == pytest.approx(32 / 24)
-  choice.record(tokens=40, row_steps=8)  # the first measurement replaces the prior
+  choice.record(tokens=40, rows=4, steps=2)  # the first measurement replaces the prior
   assert choice.accept == 5.0
   assert choice.replays(8, 8, 8) and not choice.replays(8, 8, 4)  # 5 / 3 > 1 > 20 / 24
-  choice.record(tokens=16, row_steps=8)  # then a running mean
+  choice.record(tokens=16, rows=4, steps=2)  # then a running mean
   assert choice.accept == pytest.approx(5 + 0.3 * (2 - 5))
   for _ in range(20):
-    choice.record(tokens=24, row_steps=16)  # 1.5: no longer pays at 3 decode steps a verify
+    choice.record(tokens=24, rows=8, steps=2)  # 1.5: no longer pays at 3 decode steps a verify
   assert not choice.replays(8, 8, 8)
   unpriced = ReplayChoice(CHUNK, CostTable({(8, 1): 1.0}))  # no verify cell: by the share
   assert unpriced.speedup(8, 8, 4) is None

@@ -332,8 +332,8 @@ class RolloutEngine:
                          tokens=emitted, replayed=int(np.sum(rp_now - run.replayed)))
     if run.kind == "replay":
       on = run.replaying  # the rows that replayed at the dispatch's start
-      self.replay_choice.record(int(np.sum((t_now - run.t)[on])),
-                                int(np.sum((ss_now - run.ss)[on])))
+      self.replay_choice.record(int(np.sum((t_now - run.t)[on])), int(np.sum(on)),
+                                self.cfg.steps_per_dispatch)
     run.replaying, run.replayed = on_now & ~done & (run.slots >= 0), rp_now
     if run.arm is not None:
       self.spec.record(run.b, run.arm, emitted, int(np.sum(ss_now - run.ss)), wall, run.live)

@@ -7,9 +7,11 @@ rows of which `replaying` still replay, replay is faster when
 
     (live - replaying + replaying * accept) / c(B, 1 + chunk) > live / c(B, 1).
 
-`accept` is the running mean, over this engine's replay dispatches, of the tokens emitted per
-step by the rows that replayed at a dispatch's start (a row that leaves replay during the dispatch
-counts with the single tokens it emits after): the first dispatch's figure, then a running mean.
+`accept` is measured on this engine's replay dispatches: the tokens that the rows replaying at a
+dispatch's start emitted, over those rows times the dispatch's steps (a row that leaves replay
+during the dispatch counts with the single tokens it emits after, one that finishes with none
+after its end, as its slot still costs its share of each step): the first dispatch's figure,
+then a running mean.
 Before any is measured it is `chunk + 1`, so the first dispatch that can replay does, and measures
 it. A row that decodes keeps replaying as long as its tokens equal
 its stored ones (`ReplayState.after_emit`), so declining to replay at a large batch, where the
@@ -55,10 +57,10 @@ class ReplayChoice:
     speed = self.speedup(b, live, replaying)
     return replaying >= SHARE * live if speed is None else speed > 1.0
 
-  def record(self, tokens: int, row_steps: int) -> None:
-    """A replay dispatch's rows that replayed at its start emitted `tokens` in `row_steps` steps
-    (summed over those rows, each counted while it was live)."""
-    if row_steps:
-      rate = tokens / row_steps
+  def record(self, tokens: int, rows: int, steps: int) -> None:
+    """A replay dispatch of `steps` steps: its `rows` that replayed at its start emitted
+    `tokens`."""
+    if rows and steps:
+      rate = tokens / (rows * steps)
       self.accept = self.accept + DECAY * (rate - self.accept) if self.measured else rate
       self.measured = True
