@@ -27,7 +27,9 @@ SCALE = ("--config=experiments/configs/tiny_tlt.py:scale", "--config.train.steps
 # A pool of 16 prompts, 8 a step: steps 1 and 2 draw 4 and 7 seen before, under prompt-addressed
 # noise, and replay their last responses.
 REPLAYING = ("--config.train.num_prompts=16", "--config.rollout.noise=prompt",
-             "--config.rollout.history.max_tokens=100000", "--config.rollout.history.chunk=4")
+             "--config.rollout.history.max_tokens=100000", "--config.rollout.history.chunk=4",
+             # Replay whatever it costs on this CPU: the test is that processes replay alike.
+             "--config.rollout.history.dispatch=share")
 
 
 def _env(process: int | None = None, port: int = 0, devices: int = 0,

@@ -11,7 +11,7 @@ from tlt_jax.models import init_model
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
-from tlt_jax.rollout.history import History
+from tlt_jax.rollout.history import History, HistoryConfig
 from tlt_jax.rollout.noise import PROMPT_WORDS, PromptNoise, prompt_id
 from tlt_jax.rollout.replay_choice import ReplayChoice
 from tlt_jax.spec.costs import CostTable
@@ -40,11 +40,11 @@ def _moved(model, scale: float):
   return nnx.merge(graphdef, state)
 
 
-def _engine(model, replay_chunk=CHUNK, spec=None, costs=None, **kw):
+def _engine(model, replay_chunk=CHUNK, spec=None, costs=None, dispatch="cost", **kw):
   cfg = EngineConfig(**dict(dict(batch_buckets=(2, 8), max_batch=8, steps_per_dispatch=3,
                                  precompile=False), **kw))
   return RolloutEngine(model, cfg, noise="prompt", replay_chunk=replay_chunk, spec=spec,
-                       costs=costs)
+                       costs=costs, replay_dispatch=dispatch)
 
 
 def test_prompt_noise_addresses():
@@ -197,6 +197,13 @@ def test_a_replay_declined_where_the_verify_is_dear_is_taken_where_it_is_cheap(m
                                               replay=stored)
   assert {e.kind for e in plain.timeline.events} & {"replay"} == set()
   np.testing.assert_array_equal(plain.tokens, first.tokens)
+  # `rollout.history.dispatch = "share"`: by the share of rows replaying, whatever the table says.
+  shared = _engine(model, costs=dear, dispatch="share").generate(prompts, g, params, key,
+                                                                 addresses=addr, replay=stored)
+  assert ("replay", 8) in {(e.kind, e.bucket) for e in shared.timeline.events}
+  np.testing.assert_array_equal(shared.tokens, first.tokens)
+  with pytest.raises(ValueError, match="history.dispatch must be one of"):
+    HistoryConfig(max_tokens=10, chunk=4, dispatch="bandit")
 
 
 def test_replay_needs_coupled_and_prompt_addresses(model):

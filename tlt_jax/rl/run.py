@@ -177,15 +177,16 @@ def build_trainer(rc: RunConfig, progress: bool = True, stages: Stages | None = 
     eval_prompts, eval_answers = held_out.prompts[:n], held_out.answers[:n]
   costs = None
   priced = rc.spec if rc.spec is not None and rc.spec.chooser == "cost" else None
-  if priced is not None or rc.replay.chunk:  # measured once per machine, cached
-    slack = max(priced.max_written if priced is not None else 0, rc.replay.chunk) + 1
+  replay_chunk = rc.replay.chunk if rc.replay.history.dispatch == "cost" else 0
+  if priced is not None or replay_chunk:  # measured once per machine, cached
+    slack = max(priced.max_written if priced is not None else 0, replay_chunk) + 1
     top = bucket_for(engine.max_batch, engine.batch_buckets)
     t0 = time.perf_counter()
     costs, loaded = cost_table_for(w.model, stages.drafter, priced,
                                    [b for b in engine.batch_buckets if b <= top],
                                    longest + w.params.max_new_tokens + slack,
                                    rc.workload.cache_dir or default_cache_dir(),
-                                   replay_chunk=rc.replay.chunk)
+                                   replay_chunk=replay_chunk)
     if progress and not loaded and distributed.is_writer():
       print(f"[run] cost table: {len(costs.target_s) + len(costs.draft_s)} cells measured in "
             f"{time.perf_counter() - t0:.1f} s (cached for this machine)", flush=True)

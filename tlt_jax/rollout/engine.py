@@ -158,13 +158,15 @@ class RolloutEngine:
 
   def __init__(self, model, config: EngineConfig, *, pad_id: int = 0, devices=None,
                spec: SpecConfig | None = None, drafter: DraftModel | None = None,
-               costs: CostTable | None = None, noise: str = "step", replay_chunk: int = 0):
+               costs: CostTable | None = None, noise: str = "step", replay_chunk: int = 0,
+               replay_dispatch: str = "cost"):
     config = _checked(config, spec, drafter, noise, replay_chunk)
     if not config.compile_cache_dir and jax.config.jax_compilation_cache_dir:
       config = dataclasses.replace(config, compile_cache_dir=jax.config.jax_compilation_cache_dir)
     self.cfg = config
     self.replay_chunk = replay_chunk
-    self.replay_choice = ReplayChoice(replay_chunk, costs)
+    # "share": replay by the share of rows replaying even where `costs` could price it.
+    self.replay_choice = ReplayChoice(replay_chunk, costs if replay_dispatch == "cost" else None)
     self.noise = noise  # "prompt": `generate` takes each row's address (`rollout/noise.py`)
     self.words = PROMPT_WORDS if noise == "prompt" else 1
     self.spec = (SpecController(spec, config.batch_buckets, costs) if spec is not None

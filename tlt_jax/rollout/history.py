@@ -19,6 +19,7 @@ import dataclasses
 import numpy as np
 
 from tlt_jax.rollout.noise import NOISE_MODES, PromptNoise
+from tlt_jax.rollout.replay_choice import DISPATCH_MODES
 from tlt_jax.typed import typed
 
 _KEY_WORDS = (0, 1, 3, 4)  # the address words that name a sample (all but the noise epoch)
@@ -27,15 +28,21 @@ _EPOCH_WORD = 2
 
 @dataclasses.dataclass(frozen=True)
 class HistoryConfig:
-  """`rollout.history`: the store's bound in tokens (`max_tokens`, 0: no store) and the stored
-  tokens verified per replay step (`chunk`, 0: no replay)."""
+  """`rollout.history`: the store's bound in tokens (`max_tokens`, 0: no store), the stored
+  tokens verified per replay step (`chunk`, 0: no replay) and how a dispatch chooses to replay
+  (`dispatch`, `rollout/replay_choice.py`): "cost", priced by the cost table measured at start-up,
+  or "share", while at least half of its live rows replay (nothing measured)."""
 
   max_tokens: int = 0
   chunk: int = 0
+  dispatch: str = "cost"
 
   def __post_init__(self):
     if min(self.max_tokens, self.chunk) < 0:
       raise ValueError("history.max_tokens and history.chunk must be >= 0 (0: off).")
+    if self.dispatch not in DISPATCH_MODES:
+      raise ValueError(f"history.dispatch must be one of {DISPATCH_MODES}, got "
+                       f"{self.dispatch!r}.")
     if self.chunk and not self.max_tokens:
       raise ValueError("history.chunk > 0 replays stored responses: set history.max_tokens > 0 "
                        "(the store's bound).")

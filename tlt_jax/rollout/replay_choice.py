@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from tlt_jax.spec.costs import CostTable
 
+DISPATCH_MODES = ("cost", "share")  # `rollout.history.dispatch`
 SHARE = 0.5   # without costs: replay while at least this share of the live rows replay
 DECAY = 0.3   # weight of the newest dispatch in the running acceptance
 
