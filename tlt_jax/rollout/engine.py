@@ -35,8 +35,8 @@ from tlt_jax.rollout.plain import pad_prompts
 from tlt_jax.rollout.noise import NOISE_MODES, PROMPT_WORDS, step_addresses
 from tlt_jax.rollout.pool import configure_compilation_cache
 from tlt_jax.rollout.port import DrafterPort
-from tlt_jax.rollout.replay_choice import ReplayChoice
 from tlt_jax.rollout.programs import Layout, Programs, bucket_for, distinct_prompts
+from tlt_jax.rollout.replay_choice import ReplayChoice
 from tlt_jax.rollout.scheduler import Results, ShardRun, next_ready, split_waves
 from tlt_jax.rollout.shards import shard_meshes
 from tlt_jax.rollout.timeline import Timeline

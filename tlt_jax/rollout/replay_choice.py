@@ -11,12 +11,11 @@ rows of which `replaying` still replay, replay is faster when
 dispatch's start emitted, over those rows times the dispatch's steps (a row that leaves replay
 during the dispatch counts with the single tokens it emits after, one that finishes with none
 after its end, as its slot still costs its share of each step): the first dispatch's figure,
-then a running mean.
-Before any is measured it is `chunk + 1`, so the first dispatch that can replay does, and measures
-it. A row that decodes keeps replaying as long as its tokens equal
-its stored ones (`ReplayState.after_emit`), so declining to replay at a large batch, where the
-verify is dear, leaves its rows to replay at a smaller one. Without the two costs in the table,
-a dispatch replays while at least `SHARE` of its live rows still do.
+then a running mean. Before any is measured it is `chunk + 1`, so the first dispatch that can
+replay does, and measures it. A row that decodes keeps replaying as long as its tokens equal its
+stored ones (`ReplayState.after_emit`), so declining to replay at a large batch, where the verify
+is dear, leaves its rows to replay at a smaller one. Without the two costs in the table, a
+dispatch replays while at least `SHARE` of its live rows still do.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 c(B, T) is the time of one target forward at batch B with T new tokens per row and the sampling at
 each of them (a decode step is c(B, 1), a verify of k drafts c(B, 1 + k)), d(B, T) the same for
-the drafter. A speculative step
-of an arm costs its verify, its draft steps and, for a drafter, the drafter's reading of the kept
-tokens; it emits `accept_len` tokens per row where plain decoding emits one per c(B, 1). So the
-arm's speed against plain decoding is `accept_len * c(B, 1) / step(B)`. The tables are measured by
-`tlt_jax.drafter.costs` (at start-up, cached per machine) and read by the `cost` chooser.
+the drafter. A speculative step of an arm costs its verify, its draft steps and, for a drafter,
+the drafter's reading of the kept tokens; it emits `accept_len` tokens per row where plain
+decoding emits one per c(B, 1). So the arm's speed against plain decoding is
+`accept_len * c(B, 1) / step(B)`. The tables are measured by `tlt_jax.drafter.costs` (at
+start-up, cached per machine) and read by the `cost` chooser.
 """
 
 from __future__ import annotations
