@@ -142,7 +142,8 @@ def plan_memory(cfg: ModelConfig, loop: LoopConfig, engine: EngineConfig, *, par
     rows_per_device = min(rows_per_device, loop.max_tokens_per_micro_batch / tokens)
   act, act_how = _activations(cfg, rows_per_device, tokens, tp, loop.remat, width)
   shard = {TP: engine.tp}
-  cache_len = cache_length(engine, cfg.max_seq_len, prompt_len, max_new_tokens)
+  # the pallas layout: the larger of the two, so the plan bounds either
+  cache_len = cache_length(engine, cfg.max_seq_len, prompt_len, max_new_tokens, "pallas")
   engine = sized_engine(engine, cfg, cache_len, compute_dtype)
   kv = engine.max_batch * kv_bytes_per_row(cfg, engine, cache_len, compute_dtype)
   decode = engine.max_batch * (3 * cfg.vocab_size * 4 + cfg.n_heads / engine.tp * cache_len * 4)

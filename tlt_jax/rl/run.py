@@ -17,6 +17,7 @@ import numpy as np
 from tlt_jax import distributed
 from tlt_jax.drafter.costs import cost_table_for
 from tlt_jax.hashing import content_digest, provenance
+from tlt_jax.kernels.attention import resolve_impl
 from tlt_jax.rl.compare import compare_runs, heldout_change, read_metrics
 from tlt_jax.errors import ConfigError
 from tlt_jax.models.config import PRESETS, SHAPES, ModelConfig, get_shape
@@ -120,7 +121,7 @@ def engine_for(rc: RunConfig, cfg: ModelConfig, max_new_tokens: int, progress: b
   """The run's engine settings with `max_batch` sized by `rollout.engine.kv_cache_gb` where it
   is set (reported in one `[run]` line)."""
   cache_len = cache_length(rc.engine, cfg.max_seq_len, longest_prompt(rc, cfg, max_new_tokens),
-                           max_new_tokens)
+                           max_new_tokens, resolve_impl(rc.engine.attention))
   engine = sized_engine(rc.engine, cfg, cache_len, rc.workload.precision.compute_dtype)
   if progress and rc.engine.kv_cache_gb and distributed.is_writer():
     print(f"[run] rollout.engine.kv_cache_gb={rc.engine.kv_cache_gb:g}: max_batch="

@@ -88,14 +88,20 @@ def bucket_for(n: int, buckets) -> int:
   raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}.")
 
 
-def cache_length(cfg, max_seq_len: int, longest: int, n: int) -> int:
-  """The KV cache slots of a row of an engine with settings `cfg` (`EngineConfig`) for prompts
-  up to `longest` tokens and `n` new tokens: the prompt bucket, the new tokens and the slack,
-  rounded up to a multiple of 64 (fewer layouts) within the model's context, and never fewer
-  than the tokens the row writes."""
+def cache_length(cfg, max_seq_len: int, longest: int, n: int, impl: str) -> int:
+  """The KV cache slots of a row of an engine with settings `cfg` (`EngineConfig`) and attention
+  `impl` for prompts up to `longest` tokens and `n` new tokens, within the model's context and
+  never fewer than the tokens the row writes: the prompt bucket and the new tokens rounded up to
+  a multiple of 64 (fewer layouts), then room for the slack (the tokens a speculative or replay
+  step writes past a row's last one), rounded up to a multiple of 64 for `pallas` (its kernel
+  tiles the cache by the largest power of two dividing it and reads only a row's own slots) and
+  of 16 for `xla`, whose every step attends over all the slots (there a chain of 3's 5 slots of
+  slack make 384 slots 400, not 448)."""
   need = longest + n + cfg.cache_slack
   p = bucket_for(longest, cfg.prefill_buckets)
-  return max(min(-(-(p + n + cfg.cache_slack) // 64) * 64, max_seq_len), need)
+  granule = 64 if impl == "pallas" else 16
+  slots = max(-(-(p + n) // 64) * 64, p + n + cfg.cache_slack)
+  return max(min(-(-slots // granule) * granule, max_seq_len), need)
 
 
 def distinct_prompts(prompt_idx: list[int], b: int, buckets):
@@ -144,7 +150,7 @@ class Programs:
     # The rows' context (corpus, prompt), then the response, then the next token a proposer
     # drafts after; nothing when no proposer reads it.
     context_len = self.cfg.corpus_len + p + n + 1 if self.context_proposers else 0
-    cache_len = cache_length(self.cfg, self.model_cfg.max_seq_len, longest, n)
+    cache_len = cache_length(self.cfg, self.model_cfg.max_seq_len, longest, n, self.attention)
     return Layout(cache_len, n, capture_hidden or self.lazy_follow, context_len, self.words,
                   self.replay_chunk > 0)
 
