@@ -1,13 +1,15 @@
 """The executable pool's key covers the code a rollout program traces and nothing else: an edit to
 a traced layer gives new keys (no stale program is ever loaded), an edit to the trainer keeps the
-cached programs."""
+cached programs; a row's cache is as short as its layout allows."""
 
+import dataclasses
 import importlib
 import pathlib
 import shutil
 import sys
 
-from tlt_jax.rollout.programs import (TRACED_PACKAGES, registered_source_digest,
+from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.rollout.programs import (TRACED_PACKAGES, cache_length, registered_source_digest,
                                       traced_source_digest)
 from tlt_jax.spec import proposer
 from tlt_jax.spec.strategy import SpecConfig, Strategy
@@ -70,3 +72,17 @@ def test_the_fingerprint_follows_the_module_of_a_registered_proposer(tmp_path, m
   assert digests[0] != digests[1]
   builtin = SpecConfig(arms=(Strategy("suffix", depth=3, ngram=2),))
   assert registered_source_digest(builtin) == registered_source_digest(None)
+
+
+def test_the_cache_holds_a_speculative_slack_in_the_fewest_slots_its_layout_allows():
+  """A 128-token prompt bucket and 256 new tokens fill 384 slots; a chain of 3's slack of 5
+  adds 16 slots to the xla layout (its steps attend over every slot) and 64 to pallas's (its
+  kernel tiles by the largest power of two dividing the cache)."""
+  cfg = EngineConfig(prefill_buckets=(64, 128, 256))
+  for slack, impl, slots in ((0, "xla", 384), (0, "pallas", 384), (5, "xla", 400),
+                             (5, "pallas", 448), (70, "xla", 464), (5, "xla", 390)):
+    max_seq_len = 390 if slots == 390 else 2048
+    got = cache_length(dataclasses.replace(cfg, cache_slack=slack), max_seq_len, 100, 256, impl)
+    assert got == slots, (slack, impl, got)
+  # the bucket and 250 new tokens round up to 384 slots, which hold a slack of 5 already
+  assert cache_length(dataclasses.replace(cfg, cache_slack=5), 2048, 100, 250, "xla") == 384
