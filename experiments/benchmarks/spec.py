@@ -68,31 +68,36 @@ def same_cache(engine_cfg: EngineConfig, spec: SpecConfig) -> EngineConfig:
                              cache_slack=max(engine_cfg.cache_slack, spec.max_written + 1))
 
 
-def _best_of(engine, prompts, g, params, key, repeats):
-  engine.generate(prompts, g, params, key)  # warm: compile every reachable executable, all arms
-  engine.pool.wait()
-  engine.generate(prompts, g, params, key)  # first executions of late-compiled arms
-  best = None
+def _best_of(engines, prompts, g, params, key, repeats) -> list[tuple]:
+  """(result, wall seconds) of each engine's fastest of `repeats` warm runs, the engines taking
+  turns in each round so that all see the same moments of a shared machine."""
+  for engine in engines:
+    engine.generate(prompts, g, params, key)  # warm: compile every reachable executable
+    engine.pool.wait()
+    engine.generate(prompts, g, params, key)  # first executions of late-compiled arms
+    if engine.spec is not None:
+      engine.spec.reset_stats()
+  best = [None] * len(engines)
   for _ in range(repeats):
-    t0 = time.perf_counter()
-    res = engine.generate(prompts, g, params, key)
-    wall = time.perf_counter() - t0
-    if best is None or wall < best[1]:
-      best = (res, wall)
+    for i, engine in enumerate(engines):
+      t0 = time.perf_counter()
+      res = engine.generate(prompts, g, params, key)
+      wall = time.perf_counter() - t0
+      if best[i] is None or wall < best[i][1]:
+        best[i] = (res, wall)
   return best
 
 
 def compare(model, prompts, g, params: SamplingParams, engine_cfg: EngineConfig,
             spec: SpecConfig, key, pad_id=0, repeats=2, drafter=None, costs=None) -> dict:
   """The controller's rollout (SD below its threshold, arms by its chooser; `costs`: the `cost`
-  chooser's table) against plain decoding's, best of `repeats` warm runs each."""
+  chooser's table) against plain decoding's, best of `repeats` warm runs each, alternating."""
   engine_cfg = dataclasses.replace(engine_cfg, precompile=True)
   sd_engine = RolloutEngine(model, engine_cfg, pad_id=pad_id, spec=spec,
                             drafter=as_proposer(drafter), costs=costs)
   plain_engine = RolloutEngine(model, same_cache(engine_cfg, spec), pad_id=pad_id)
-  plain, plain_s = _best_of(plain_engine, prompts, g, params, key, repeats)
-  sd_engine.spec.reset_stats()
-  sd, sd_s = _best_of(sd_engine, prompts, g, params, key, repeats)
+  (plain, plain_s), (sd, sd_s) = _best_of((plain_engine, sd_engine), prompts, g, params, key,
+                                           repeats)
   in_phase = lambda e: e.live <= spec.threshold
   pb_plain, pb_sd = _by_bucket(plain.timeline, in_phase), _by_bucket(sd.timeline, in_phase)
   table = {str(b): {"plain_s": round(pb_plain.get(b, (0.0,))[0], 4), "sd_s": round(s, 4),

@@ -38,7 +38,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant == "rejection":
     c.spec.rule = "rejection"
   c.bench = ml_collections.ConfigDict(dict(
-      num_prompts=2 if small else 8, group_size=2 if small else 4, repeats=2,
+      num_prompts=2 if small else 8, group_size=2 if small else 4, repeats=2 if small else 3,
       # Each arm alone from these live batches (speedup against batch size), every row decoding
       # exactly max_new_tokens, in alternating rounds with plain decoding.
       sweep_rows=(1, 2) if small else (1, 2, 4), ignore_eos=True, sweep_repeats=2 if small else 5,
