@@ -69,13 +69,12 @@ def same_cache(engine_cfg: EngineConfig, spec: SpecConfig) -> EngineConfig:
 
 def _best_of(engines, prompts, g, params, key, repeats) -> list[tuple]:
   """(result, wall seconds) of each engine's fastest of `repeats` warm runs, the engines taking
-  turns in each round so that all see the same moments of a shared machine."""
+  turns in each round so that all see the same moments of a shared machine (a controller's
+  accepted length counts the warm runs too)."""
   for engine in engines:
     engine.generate(prompts, g, params, key)  # warm: compile every reachable executable
     engine.pool.wait()
     engine.generate(prompts, g, params, key)  # first executions of late-compiled arms
-    if engine.spec is not None:
-      engine.spec.reset_stats()
   best = [None] * len(engines)
   for _ in range(repeats):
     for i, engine in enumerate(engines):
