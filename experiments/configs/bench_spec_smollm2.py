@@ -7,16 +7,17 @@ per batch bucket by the measured cost model (`spec.chooser = "cost"`: each arm's
 from c(B, T) and its running acceptance; the table is measured at start-up and cached per
 machine). It may speculate from 4 live rows: this workload's 32 rows end with 3 runaways decoding
 to 256 tokens together, about half the rollout's steps, and with the cost chooser the threshold
-only bounds where an arm is tried, not where one is used. The arm sweep runs each arm alone from 1, 2 and 4 live rows, every row decoding exactly
-256 tokens, in 5 rounds alternating with plain decoding, beside each cell its prediction from the
-costs measured in the same run and the step's parts.
+only bounds where an arm is tried, not where one is used. The arm sweep runs each arm alone from
+1, 2 and 4 live rows, every row decoding exactly 256 tokens, in 5 rounds alternating with plain
+decoding, beside each cell its prediction from the costs measured in the same run and the step's
+parts.
 
 Run (the `rejection` variant speculates with the rejection rule instead of `coupled`; `bandit`
 chooses arms by measured tokens per second instead; `teacher_forced` uses the drafter of
 `drafter_smollm2.py:teacher_forced`, TLT's recipe):
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py:rejection
-The controller alone, without the arm sweep (~20 minutes instead of ~70):
+The controller alone, without the arm sweep (~13 minutes instead of ~70):
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py \
       --config.bench.sweep_rows='()'
 """
