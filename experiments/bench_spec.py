@@ -43,12 +43,14 @@ def main(argv):
     costs, loaded = cost_table_for(w.model, drafter, spec, ecfg.batch_buckets, longest,
                                    wc.cache_dir or default_cache_dir())
     print(f"cost table {'loaded' if loaded else 'measured'}: {costs.to_json()}")
-  sampled = bench.compare(*args, w.params, ecfg, spec, key, w.tokenizer.pad_id, b.repeats,
-                          drafter=drafter, costs=costs)
-  print(f"temperature {wc.temperature}: {json.dumps(sampled)}")
-  greedy = bench.compare(*args, bench.greedy_params(w.params), ecfg, spec, key,
-                         w.tokenizer.pad_id, b.repeats, drafter=drafter, costs=costs)
-  print(f"greedy: {json.dumps(greedy)}")
+  sampled = greedy = None
+  if b.controller:  # False: the arm sweep alone
+    sampled = bench.compare(*args, w.params, ecfg, spec, key, w.tokenizer.pad_id, b.repeats,
+                            drafter=drafter, costs=costs)
+    print(f"temperature {wc.temperature}: {json.dumps(sampled)}")
+    greedy = bench.compare(*args, bench.greedy_params(w.params), ecfg, spec, key,
+                           w.tokenizer.pad_id, b.repeats, drafter=drafter, costs=costs)
+    print(f"greedy: {json.dumps(greedy)}")
   sweep = []
   if b.sweep_rows:
     sweep = bench.arm_sweep(w.model, w.prompts, tuple(b.sweep_rows), w.params, ecfg, sweep_spec,
@@ -59,18 +61,24 @@ def main(argv):
          "cache_dtype": ecfg.cache_dtype or wc.precision.compute_dtype,
          "rule": spec.rule, "threshold": spec.threshold,
          "rows": b.num_prompts * b.group_size, "temperature": wc.temperature,
-         "sd_phase_speedup": sampled["sd_phase_speedup"],
-         "rollout_speedup": sampled["rollout_speedup"], "accept_len": sampled["accept_len"],
-         "accept_len_greedy": greedy["accept_len"], "greedy_exact": greedy["identical"],
-         "coupled_identical": sampled["identical"] if spec.rule == "coupled" else None,
-         "differing_rows": sampled["differing_rows"],
-         "differing_rows_greedy": greedy["differing_rows"],
-         "chooser": spec.chooser, "chosen_per_bucket": sampled["chosen_per_bucket"],
-         "predicted_vs_measured": sampled.get("predicted_vs_measured"),
-         "speedup_per_bucket": {b: r["speedup"] for b, r in sampled["per_bucket"].items()},
+         "chooser": spec.chooser,
+         **(controller_report(sampled, greedy, spec.rule) if sampled else {}),
          "arm_sweep": sweep,
          "date": time.strftime("%Y-%m-%d")}
   print(json.dumps(out))
+
+
+def controller_report(sampled: dict, greedy: dict, rule: str) -> dict:
+  """The controller's rollouts against plain decoding, sampled and greedy."""
+  return {"sd_phase_speedup": sampled["sd_phase_speedup"],
+          "rollout_speedup": sampled["rollout_speedup"], "accept_len": sampled["accept_len"],
+          "accept_len_greedy": greedy["accept_len"], "greedy_exact": greedy["identical"],
+          "coupled_identical": sampled["identical"] if rule == "coupled" else None,
+          "differing_rows": sampled["differing_rows"],
+          "differing_rows_greedy": greedy["differing_rows"],
+          "chosen_per_bucket": sampled["chosen_per_bucket"],
+          "predicted_vs_measured": sampled.get("predicted_vs_measured"),
+          "speedup_per_bucket": {b: r["speedup"] for b, r in sampled["per_bucket"].items()}}
 
 
 def print_sweep(sweep, temperature, repeats, ignore_eos) -> None:

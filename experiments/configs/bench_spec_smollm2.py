@@ -17,9 +17,13 @@ chooses arms by measured tokens per second instead; `teacher_forced` uses the dr
 `drafter_smollm2.py:teacher_forced`, TLT's recipe):
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py:rejection
-The controller alone, without the arm sweep (~13 minutes instead of ~70):
+The controller alone, without the arm sweep (~13 minutes instead of ~70), and the sweep alone
+(here the EAGLE chains of 2 and 3 from 1 and 2 live rows):
   python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py \
       --config.bench.sweep_rows='()'
+  python -m experiments.bench_spec --config=experiments/configs/bench_spec_smollm2.py:rejection \
+      --config.bench.controller=False --config.bench.sweep_rows='(1, 2)' \
+      --config.bench.sweep_arms='(("eagle", 2, 0), ("eagle", 3, 0))'
 """
 
 import ml_collections
@@ -40,6 +44,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.spec.rule = "rejection"
   c.bench = ml_collections.ConfigDict(dict(
       num_prompts=2 if small else 8, group_size=2 if small else 4, repeats=2 if small else 3,
+      controller=True,  # the controller's rollouts against plain decoding (False: the sweep alone)
       # Each arm alone from these live batches (speedup against batch size), every row decoding
       # exactly max_new_tokens, in alternating rounds with plain decoding.
       sweep_rows=(1, 2) if small else (1, 2, 4), ignore_eos=True, sweep_repeats=2 if small else 5,

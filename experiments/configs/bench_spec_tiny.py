@@ -25,6 +25,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
                      else (("eagle", 3, 0), ("eagle", 6, 0), ("suffix", 4, 3)),
                      **(dict(threshold=16, chooser="cost") if small else {}))
   c.bench = ml_collections.ConfigDict(dict(
-      num_prompts=4 if small else 16, group_size=4 if small else 8, repeats=2, sweep_rows=(),
-      sweep_arms=(), sweep_repeats=0, ignore_eos=False))
+      num_prompts=4 if small else 16, group_size=4 if small else 8, repeats=2, controller=True,
+      sweep_rows=(), sweep_arms=(), sweep_repeats=0, ignore_eos=False))
   return c

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import small_config
+from tlt_jax.drafter import costs as costs_lib
 from tlt_jax.drafter.costs import cost_table_for, needed_cells, step_runner
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.models import init_model
@@ -95,7 +96,7 @@ def test_the_controller_needs_a_table_for_the_cost_chooser():
     SpecConfig(chooser="fastest")
 
 
-def test_needed_cells_and_the_per_machine_cache(tmp_path):
+def test_needed_cells_and_the_per_machine_cache(tmp_path, monkeypatch):
   target = init_model(small_config(), seed=0)
   drafter = init_drafter(target.cfg, DrafterConfig(), seed=1)
   spec = SpecConfig(threshold=2, arms=(EAGLE3, SUFFIX3, PLAIN), chooser="cost")
@@ -107,6 +108,10 @@ def test_needed_cells_and_the_per_machine_cache(tmp_path):
   assert all(s > 0 for s in [*table.target_s.values(), *table.draft_s.values()])
   again, loaded = cost_table_for(target, drafter, spec, (1, 2, 4, 8), 64, str(tmp_path))
   assert loaded and again == table
+  # A cache directory kept across machines: another processor measures its own table.
+  monkeypatch.setattr(costs_lib, "cpu_model", lambda: "another processor")
+  assert not cost_table_for(target, drafter, spec, (1, 2, 4, 8), 64, str(tmp_path))[1]
+  monkeypatch.undo()
   # Replay's cells (`rollout/replay_choice.py`): a decode and a verify of 1 + chunk at every
   # bucket, beside the spec's or alone.
   assert needed_cells(None, (1, 2), replay_chunk=8) == ({(1, 1), (1, 9), (2, 1), (2, 9)}, set())

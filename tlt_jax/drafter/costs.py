@@ -160,10 +160,25 @@ def measure_cost_table(target, drafter, target_cells, draft_cells, cache_len: in
   return CostTable(target_s, draft_s)
 
 
+def cpu_model() -> str:
+  """The processor's name (Linux: /proc/cpuinfo's `model name`), else what `platform` knows: two
+  x86 machines of one kind can differ in their matrix units and caches, and so in c(B, T)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
 def machine_id() -> dict:
-  """What a cost table is valid for besides the model: the backend, device, cores and jax."""
+  """What a cost table is valid for besides the model: the backend, device, processor, cores and
+  jax (a cache directory kept across machines must not price one CPU with another's table)."""
   return {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
-          "cpus": os.cpu_count(), "machine": platform.machine(), "jax": jax.__version__}
+          "cpu": cpu_model(), "cpus": os.cpu_count(), "machine": platform.machine(),
+          "jax": jax.__version__}
 
 
 def cost_table_for(target, drafter, spec: SpecConfig | None, buckets, cache_len: int,
