@@ -27,12 +27,12 @@ from tqdm import tqdm
 
 from tlt_jax.checkpoint import Checkpointer
 from tlt_jax.drafter.model import Drafter, DrafterConfig, init_drafter
-from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer, teacher_batch
+from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
+from tlt_jax.drafter.warmup_data import WarmupData
 from tlt_jax.hashing import content_digest
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.transformer import PARAM_LAYOUT
 from tlt_jax.paths import as_path, write_safetensors
-from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 
 SHIPPED_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
                             "drafters")
@@ -65,58 +65,23 @@ def target_fingerprint(target) -> str:
   return h.hexdigest()[:12]
 
 
-def rollout_sequences(target, prompts, params: SamplingParams, cfg: WarmupConfig,
-                      pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-  """Prompt + sampled response of every row, padded to `seq_len`, with a validity mask."""
-  engine = RolloutEngine(target, EngineConfig(batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128),
-                                              max_batch=128, precompile=False), pad_id=pad_id)
-  res = engine.generate(prompts, cfg.group_size, params, jax.random.key(cfg.seed))
-  rows = len(prompts) * cfg.group_size
-  toks = np.full((rows, cfg.seq_len), pad_id, np.int32)
-  mask = np.zeros((rows, cfg.seq_len), np.float32)
-  for i in range(rows):
-    seq = (list(prompts[i // cfg.group_size]) + res.response(i))[: cfg.seq_len]
-    toks[i, : len(seq)], mask[i, : len(seq)] = seq, 1.0
-  return toks, mask
-
-
 def draft_vocabulary(toks, mask, size: int, vocab_size: int) -> tuple[int, ...]:
   """The `size` tokens most frequent in the (masked) sequences, ties by id, in increasing order."""
   counts = np.bincount(toks[mask > 0].ravel(), minlength=vocab_size)
   return tuple(sorted(int(t) for t in np.argsort(-counts, kind="stable")[:size]))
 
 
-def teacher_features(target, toks, dcfg: DrafterConfig, chunk: int = 16, progress: bool = True):
-  """(features, final hidden) of the frozen target over every sequence, computed once in jitted
-  chunks, so that training steps do not repeat the target's forward. For EAGLE (final hidden as
-  the feature) both are the same array."""
-  graphdef, state = nnx.split(target)
-
-  @jax.jit
-  def forward(state, tokens_BxL):
-    return teacher_batch(nnx.merge(graphdef, state), tokens_BxL, dcfg)
-
-  n = len(toks)
-  padded = np.concatenate([toks, np.repeat(toks[-1:], -n % chunk, axis=0)])
-  feats, hidden = [], []
-  for i in tqdm(range(0, n, chunk), desc="target features", disable=not progress,
-                mininterval=2.0):
-    f, h = jax.device_get(forward(state, jnp.asarray(padded[i: i + chunk])))
-    feats.append(f)
-    hidden.append(h if dcfg.feature_layers else None)
-  feats = np.concatenate(feats)[:n]
-  return feats, (np.concatenate(hidden)[:n] if dcfg.feature_layers else feats)
-
-
-def train_on_sequences(target, toks, mask, dcfg: DrafterConfig, tcfg: DrafterTrainConfig,
-                       wcfg: WarmupConfig, progress: bool = True) -> tuple[Drafter, dict]:
-  """Trains a fresh drafter on the sequences (picking its draft vocabulary first if restricted)."""
+def train_on_sequences(target, toks, mask, data: WarmupData, dcfg: DrafterConfig,
+                       tcfg: DrafterTrainConfig, wcfg: WarmupConfig,
+                       progress: bool = True) -> tuple[Drafter, dict]:
+  """Trains a fresh drafter on the sequences (picking its draft vocabulary first if restricted),
+  with the target's features over them from `data`."""
   start = time.time()
   if dcfg.draft_vocab and not dcfg.vocab_ids:
     dcfg = dataclasses.replace(dcfg, vocab_ids=draft_vocabulary(toks, mask, dcfg.draft_vocab,
                                                                 target.cfg.vocab_size))
   trainer = DrafterTrainer(init_drafter(target.cfg, dcfg, seed=wcfg.seed), target, tcfg)
-  feats, hidden = teacher_features(target, toks, dcfg, progress=progress)
+  feats, hidden = data.features(toks, dcfg, progress=progress)
   rng = np.random.default_rng(wcfg.seed)
   metrics = {}
   bar = tqdm(range(wcfg.steps), desc="drafter warm-up", disable=not progress, mininterval=2.0)
@@ -246,8 +211,9 @@ def warmup_key(target, prompts, params: SamplingParams, dcfg: DrafterConfig,
 def warm_up(target, prompts, params: SamplingParams, *, pad_id: int, dcfg: DrafterConfig,
             tcfg: DrafterTrainConfig, wcfg: WarmupConfig, cache_root: str,
             progress: bool = True) -> tuple[Drafter, dict]:
-  """The warm-up drafter for `target`: shipped with the package, else cached, else trained and
-  cached. `meta["key"]` is its key; `meta["shipped"]` says where it came from."""
+  """The warm-up drafter for `target`: shipped with the package, else cached, else trained (on
+  rollouts and features that `warmup_data.WarmupData` reuses across recipes) and cached.
+  `meta["key"]` is its key; `meta["shipped"]` says where it came from."""
   key = warmup_key(target, prompts, params, dcfg, tcfg, wcfg)
   for name, info in shipped_drafters().items():
     if info["key"] == key:
@@ -258,7 +224,11 @@ def warm_up(target, prompts, params: SamplingParams, *, pad_id: int, dcfg: Draft
   if as_path(directory).is_dir() and Checkpointer(directory, local=True).latest_step() is not None:
     drafter, meta = load_drafter(directory, target)
     return drafter, dict(meta, cache=directory, cached=True, shipped=False, key=key)
-  toks, mask = rollout_sequences(target, prompts, params, wcfg, pad_id)
-  drafter, metrics = train_on_sequences(target, toks, mask, dcfg, tcfg, wcfg, progress)
+  data = WarmupData(os.path.join(cache_root, "drafter_data"),
+                    target, content_digest([PARAM_LAYOUT, target_fingerprint(target)]), prompts,
+                    params, wcfg.group_size, wcfg.seq_len, wcfg.seed, pad_id)
+  toks, mask = data.sequences()
+  drafter, metrics = train_on_sequences(target, toks, mask, data, dcfg, tcfg, wcfg, progress)
   save_drafter(drafter, directory, metrics)
-  return drafter, dict(metrics, cache=directory, cached=False, shipped=False, key=key)
+  return drafter, dict(metrics, cache=directory, cached=False, shipped=False, key=key,
+                       data_loaded=data.loaded)

@@ -1,0 +1,77 @@
+"""The warm-up's data cache: a second recipe on the same target and prompts trains on the first
+one's rollouts and features instead of sampling and computing them again."""
+
+import numpy as np
+import pytest
+
+from tests.conftest import small_config
+from tlt_jax.drafter import warmup, warmup_data
+from tlt_jax.drafter.model import DrafterConfig
+from tlt_jax.drafter.train import DrafterTrainConfig
+from tlt_jax.models import init_model
+from tlt_jax.models.sampling import SamplingParams
+
+PROMPTS = [[1, 5, 9], [2, 6], [3, 7, 11, 4]]
+PARAMS = SamplingParams(temperature=0.9, max_new_tokens=6)
+WCFG = warmup.WarmupConfig(steps=2, batch_rows=4, seq_len=12, group_size=2)
+
+
+def _warm_up(target, dcfg, root, params=PARAMS):
+  return warmup.warm_up(target, PROMPTS, params, pad_id=0, dcfg=dcfg,
+                        tcfg=DrafterTrainConfig(), wcfg=WCFG, cache_root=str(root),
+                        progress=False)
+
+
+def test_a_second_recipe_trains_on_the_first_one_s_rollouts_and_features(tmp_path, monkeypatch):
+  target = init_model(small_config(), seed=0)
+  calls = []
+  real_rollouts, real_features = warmup_data.rollout_sequences, warmup_data.teacher_features
+  monkeypatch.setattr(warmup_data, "rollout_sequences",
+                      lambda *a, **k: calls.append("rollouts") or real_rollouts(*a, **k))
+  monkeypatch.setattr(warmup_data, "teacher_features",
+                      lambda *a, **k: calls.append("features") or real_features(*a, **k))
+  _, first = _warm_up(target, DrafterConfig(), tmp_path)
+  assert calls == ["rollouts", "features"] and first["data_loaded"] == []
+
+  # Another loss: the same rollouts and features, read back, train a drafter of its own key.
+  _, second = _warm_up(target, DrafterConfig(tv_weight=0.5), tmp_path)
+  assert calls == ["rollouts", "features"] and second["data_loaded"] == ["rollouts", "features"]
+  assert second["key"] != first["key"]
+
+  # Other target layers: the rollouts again, new features; another temperature: new rollouts.
+  _warm_up(target, DrafterConfig(feature_layers=(0, 1)), tmp_path)
+  assert calls == ["rollouts", "features", "features"]
+  _warm_up(target, DrafterConfig(), tmp_path, SamplingParams(temperature=0.7, max_new_tokens=6))
+  assert calls == ["rollouts", "features", "features", "rollouts", "features"]
+
+
+def test_cached_rollouts_and_features_equal_computed_ones(tmp_path):
+  target = init_model(small_config(), seed=0)
+  dcfg = DrafterConfig(feature_layers=(0, 1))
+  data = lambda: warmup_data.WarmupData(str(tmp_path), target, "t", PROMPTS, PARAMS, 2, 12, 0, 0)
+  fresh = data()
+  toks, mask = fresh.sequences()
+  feats, hidden = fresh.features(toks, dcfg, progress=False)
+  again = data()
+  toks2, mask2 = again.sequences()
+  feats2, hidden2 = again.features(toks2, dcfg, progress=False)
+  assert again.loaded == ["rollouts", "features"]
+  for a, b in ((toks, toks2), (mask, mask2), (feats, feats2), (hidden, hidden2)):
+    assert a.dtype == b.dtype and np.array_equal(a, b)
+  assert feats.shape[-1] == 2 * hidden.shape[-1]  # two fused layers, the final hidden beside
+  assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("what", ["rollouts", "features"])
+def test_a_half_written_file_is_never_read(tmp_path, what):
+  """A crash mid-write leaves only the temporary file, which the next warm-up ignores."""
+  target = init_model(small_config(), seed=0)
+  data = warmup_data.WarmupData(str(tmp_path), target, "t", PROMPTS, PARAMS, 2, 12, 0, 0)
+  toks, _ = data.sequences()
+  data.features(toks, DrafterConfig(), progress=False)
+  path = next(tmp_path.glob(f"{what}-*.safetensors"))
+  path.rename(path.parent / f"{path.name}.tmp")
+  again = warmup_data.WarmupData(str(tmp_path), target, "t", PROMPTS, PARAMS, 2, 12, 0, 0)
+  toks2, _ = again.sequences()
+  again.features(toks2, DrafterConfig(), progress=False)
+  assert what not in again.loaded
