@@ -6,7 +6,8 @@ temperature under both rules (`coupled`: the rollout's own sampling; `rejection`
   python -m experiments.drafter_warmup --config=experiments/configs/demo.py:drafter --ship=demo
 With --ship=NAME the drafter's weights are also written into the package
 (tlt_jax/assets/drafters/NAME, with its key and this command), where every later warm-up with the
-same key finds them and `--drafter=NAME` names them.
+same key finds them and `--drafter=NAME` names them. `--eval_side=train` measures the acceptance
+on the warm-up's own prompts instead (new samples).
 """
 
 import dataclasses
@@ -23,12 +24,17 @@ from tlt_jax.drafter.warmup import ship_drafter
 from tlt_jax.hashing import provenance
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig, Strategy
-from tlt_jax.workloads import build_drafter, build_workload, drafter_recipe, workload_config
+from tlt_jax.workloads import (build_drafter, build_workload, drafter_recipe, drafter_workload,
+                               workload_config)
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/drafter_tiny.py")
 _SHIP = flags.DEFINE_string("ship", "", "Also write the drafter into the package's assets under "
                             "this name.")
 _DEPTH = flags.DEFINE_integer("depth", 4, "Chain length of the held-out acceptance.")
+_EVAL_SIDE = flags.DEFINE_enum("eval_side", "test", ["test", "train"],
+                               "Prompts of the acceptance: held out (test), or the first of the "
+                               "warm-up's own (train; new samples), to tell memorised prompts "
+                               "from a drafter that generalises.")
 
 
 def main(argv):
@@ -37,8 +43,11 @@ def main(argv):
   wc, recipe = workload_config(c), drafter_recipe(c.drafter, ("adaptive", "eval_prompts"))
   ecfg = EngineConfig.from_dict(c.rollout.engine)
   drafter, meta = build_drafter(wc, recipe, c.seed)
-  w = build_workload(wc, c.drafter.eval_prompts, c.seed + 2, split="test")  # held-out prompts
-  eval_prompts = w.prompts
+  if _EVAL_SIDE.value == "test":  # held-out prompts
+    w = build_workload(wc, c.drafter.eval_prompts, c.seed + 2, split="test")
+  else:
+    w = drafter_workload(wc, recipe, c.seed)
+  eval_prompts = w.prompts[: c.drafter.eval_prompts]
   print(f"drafter {provenance(meta)}: {meta['cache']}")
   if _SHIP.value and not meta["shipped"]:
     command = " ".join(["python -m experiments.drafter_warmup", *sys.argv[1:]])
@@ -52,7 +61,8 @@ def main(argv):
     engine = RolloutEngine(w.model, ecfg, pad_id=w.tokenizer.pad_id,
                            spec=spec, drafter=EagleProposer(drafter))
     engine.generate(eval_prompts, 1, params, jax.random.key(c.seed))
-    accept[f"accept_len_{name}_heldout"] = round(engine.spec.accept_len(), 3)
+    side = "heldout" if _EVAL_SIDE.value == "test" else "train_prompts"
+    accept[f"accept_len_{name}_{side}"] = round(engine.spec.accept_len(), 3)
   train = {k: meta[k] for k in sorted(meta) if k.startswith(("top1_agreement", "total_variation"))}
   print(json.dumps({"cache": meta["cache"], **{f"{k}_train": v for k, v in train.items()},
                     "loss": meta.get("loss"), "seconds": meta.get("seconds"), **accept}))

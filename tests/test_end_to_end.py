@@ -192,3 +192,8 @@ def test_drafter_warmup_small_smollm2(tmp_path):
   assert {"top1_agreement_train", "top1_agreement_d2_train", "top1_agreement_d3_train"} <= set(out)
   assert out["accept_len_greedy_heldout"] >= 1.0 and out["accept_len_t0.9_heldout"] >= 1.0
   assert out["accept_len_t0.9_rejection_heldout"] >= 1.0 and 0 <= out["total_variation_train"] <= 1
+  # Judged on its own training prompts instead, loaded from the cache.
+  train = last_json(run_module("experiments.drafter_warmup",
+                               "--config=experiments/configs/drafter_smollm2.py:small",
+                               f"--config.cache_dir={tmp_path}", "--eval_side=train"))
+  assert train["cache"] == out["cache"] and train["accept_len_greedy_train_prompts"] >= 1.0

@@ -7,9 +7,13 @@ Run (the artifact is cached under .cache/drafter; `--ship` writes it into the pa
 drafter named `smollm2`, which every later run with this recipe loads instead of training):
   python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py \
       --depth=3 --ship=smollm2
-The `teacher_forced` variant trains TLT's recipe (depth 1 only, labels at T = 1), for comparison:
+The `teacher_forced` variant trains TLT's recipe (depth 1 only, labels at T = 1), for comparison;
+`eagle3` the shipped recipe on EAGLE-3's fused features (the target's layers 2, 15 and 28 of 30
+instead of its final hidden state). Both train on the shipped drafter's rollouts (cached):
   python -m experiments.drafter_warmup \
       --config=experiments/configs/drafter_smollm2.py:teacher_forced
+  python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py:eagle3 \
+      --depth=3
 """
 
 import ml_collections
@@ -18,12 +22,14 @@ from experiments.configs import base
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  if variant not in ("", "teacher_forced", "small", "small_teacher_forced"):
-    raise ValueError(f"Unknown variant {variant!r}; use '', 'teacher_forced', 'small' or "
-                     "'small_teacher_forced'.")
+  variants = ("", "teacher_forced", "eagle3", "small", "small_teacher_forced")
+  if variant not in variants:
+    raise ValueError(f"Unknown variant {variant!r}; use one of {variants}.")
   small = variant.startswith("small")
   c = base.smollm2_workload(small)
   c.name = "drafter_smollm2"
   c.drafter = base.smollm2_drafter(small, teacher_forced=variant.endswith("teacher_forced"))
+  if variant == "eagle3":
+    c.drafter.model.feature_layers = (2, 15, 28)
   c.drafter.eval_prompts = 2 if small else 8
   return c
