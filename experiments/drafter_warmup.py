@@ -6,8 +6,9 @@ temperature under both rules (`coupled`: the rollout's own sampling; `rejection`
   python -m experiments.drafter_warmup --config=experiments/configs/demo.py:drafter --ship=demo
 With --ship=NAME the drafter's weights are also written into the package
 (tlt_jax/assets/drafters/NAME, with its key and this command), where every later warm-up with the
-same key finds them and `--drafter=NAME` names them. `--eval_side=train` measures the acceptance
-on the warm-up's own prompts instead (new samples).
+same key finds them and `--drafter=NAME` names them. Beside the acceptance it reports the training
+metrics teacher-forced on new rollouts of those prompts (`tf_*`: a validation set), and
+`--eval_side=train` measures both on the warm-up's own prompts instead (new samples).
 """
 
 import dataclasses
@@ -20,9 +21,10 @@ from ml_collections import config_flags
 
 from experiments import launch
 from tlt_jax.drafter.proposer import EagleProposer
-from tlt_jax.drafter.warmup import ship_drafter
+from tlt_jax.drafter.warmup import ship_drafter, teacher_forced_metrics, warmup_data
 from tlt_jax.hashing import provenance
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.sft import default_cache_dir
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 from tlt_jax.workloads import (build_drafter, build_workload, drafter_recipe, drafter_workload,
                                workload_config)
@@ -53,6 +55,7 @@ def main(argv):
     command = " ".join(["python -m experiments.drafter_warmup", *sys.argv[1:]])
     print(f"drafter shipped at {ship_drafter(meta['cache'], _SHIP.value, meta['key'], command)}")
   accept = {}
+  side = "heldout" if _EVAL_SIDE.value == "test" else "train_prompts"
   t = f"t{w.params.temperature:g}"
   for name, params, rule in (("greedy", dataclasses.replace(w.params, temperature=0.0), "coupled"),
                              (t, w.params, "coupled"), (f"{t}_rejection", w.params, "rejection")):
@@ -61,11 +64,16 @@ def main(argv):
     engine = RolloutEngine(w.model, ecfg, pad_id=w.tokenizer.pad_id,
                            spec=spec, drafter=EagleProposer(drafter))
     engine.generate(eval_prompts, 1, params, jax.random.key(c.seed))
-    side = "heldout" if _EVAL_SIDE.value == "test" else "train_prompts"
     accept[f"accept_len_{name}_{side}"] = round(engine.spec.accept_len(), 3)
+  # Teacher-forced on new rollouts of the same prompts (`recipe.warmup.group_size` each, another
+  # seed than the warm-up's): the training metrics, held out.
+  data = warmup_data(w.model, eval_prompts, w.params, recipe.warmup, w.tokenizer.pad_id,
+                     wc.cache_dir or default_cache_dir(), seed=recipe.warmup.seed + 1)
+  tf = teacher_forced_metrics(drafter, w.model, data, recipe.warmup.batch_rows)
   train = {k: meta[k] for k in sorted(meta) if k.startswith(("top1_agreement", "total_variation"))}
   print(json.dumps({"cache": meta["cache"], **{f"{k}_train": v for k, v in train.items()},
-                    "loss": meta.get("loss"), "seconds": meta.get("seconds"), **accept}))
+                    "loss": meta.get("loss"), "seconds": meta.get("seconds"), **accept,
+                    **{f"tf_{k}_{side}": v for k, v in tf.items()}}))
 
 
 if __name__ == "__main__":

@@ -192,6 +192,7 @@ def test_drafter_warmup_small_smollm2(tmp_path):
   assert {"top1_agreement_train", "top1_agreement_d2_train", "top1_agreement_d3_train"} <= set(out)
   assert out["accept_len_greedy_heldout"] >= 1.0 and out["accept_len_t0.9_heldout"] >= 1.0
   assert out["accept_len_t0.9_rejection_heldout"] >= 1.0 and 0 <= out["total_variation_train"] <= 1
+  assert 0 <= out["tf_total_variation_heldout"] <= 1 and "tf_top1_agreement_d3_heldout" in out
   # Judged on its own training prompts instead, loaded from the cache.
   train = last_json(run_module("experiments.drafter_warmup",
                                "--config=experiments/configs/drafter_smollm2.py:small",

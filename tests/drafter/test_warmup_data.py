@@ -1,13 +1,15 @@
 """The warm-up's data cache: a second recipe on the same target and prompts trains on the first
 one's rollouts and features instead of sampling and computing them again."""
 
+import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from tests.conftest import small_config
 from tlt_jax.drafter import warmup, warmup_data
-from tlt_jax.drafter.model import DrafterConfig
-from tlt_jax.drafter.train import DrafterTrainConfig
+from tlt_jax.drafter.model import DrafterConfig, init_drafter
+from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
 from tlt_jax.models import init_model
 from tlt_jax.models.sampling import SamplingParams
 
@@ -75,3 +77,17 @@ def test_a_half_written_file_is_never_read(tmp_path, what):
   toks2, _ = again.sequences()
   again.features(toks2, DrafterConfig(), progress=False)
   assert what not in again.loaded
+
+
+def test_held_out_metrics_are_the_training_step_s_without_its_update(tmp_path):
+  target = init_model(small_config(), seed=0)
+  drafter = init_drafter(target.cfg, DrafterConfig(unroll_steps=2, tv_weight=0.5), seed=1)
+  data = warmup_data.WarmupData(str(tmp_path), target, "t", PROMPTS, PARAMS, 2, 12, 0, 0)
+  before = jax.tree.map(np.asarray, nnx.state(drafter, nnx.Param))
+  held_out = warmup.teacher_forced_metrics(drafter, target, data, batch_rows=6, progress=False)
+  assert jax.tree.all(jax.tree.map(np.array_equal, before, nnx.state(drafter, nnx.Param)))
+  toks, mask = data.sequences()
+  feats, hidden = data.features(toks, drafter.cfg, progress=False)
+  step = DrafterTrainer(drafter, target).step(toks, feats, hidden, mask)  # before its update
+  assert {"total_variation", "total_variation_d2", "top1_agreement_d2"} <= set(held_out)
+  assert held_out == pytest.approx({k: round(v, 4) for k, v in step.items()}, abs=1e-4)

@@ -45,7 +45,8 @@ def drafter_loss(drafter: Drafter, target, tokens_BxL, feats_BxLxF, hidden_BxLxD
   averaged with weights `unroll_decay ** (j - 1)` (and, with `accept_weighting`, per index by
   the chance that the depths before were accepted). Both distributions are taken at
   `label_temperature`. The metrics without a suffix are depth 1's (`total_variation`: one minus
-  the rejection rule's acceptance of a depth-1 draft); `top1_agreement_d{j}` is depth j's.
+  the rejection rule's acceptance of a depth-1 draft); `top1_agreement_d{j}` and
+  `total_variation_d{j}` are depth j's.
   """
   cfg = drafter.cfg
   emb_BxLxD = jax.lax.stop_gradient(target.embed_tokens(tokens_BxL))
@@ -77,6 +78,6 @@ def drafter_loss(drafter: Drafter, target, tokens_BxL, feats_BxLxF, hidden_BxLxD
     if j == 1:
       metrics.update(smooth_l1=sl1, soft_ce=ce, total_variation=tv, top1_agreement=top1)
     else:
-      metrics[f"top1_agreement_d{j}"] = top1
+      metrics.update({f"top1_agreement_d{j}": top1, f"total_variation_d{j}": tv})
   loss = total / weights
   return loss, {"loss": loss, **metrics}

@@ -67,6 +67,13 @@ class DrafterTrainer:
 
     self.update_fn = update  # (params, opt_state, target_params, tokens, feats, hidden, mask)
 
+    @jax.jit
+    def evaluate(params, target_params, tokens, feats, hidden, mask):
+      tgt = nnx.merge(target_graphdef, target_params)
+      return drafter_loss(nnx.merge(graphdef, params), tgt, tokens, feats, hidden, mask)[1]
+
+    self.evaluate_fn = evaluate
+
   def set_target(self, target_params) -> None:
     """The policy changed: the shared embedding and head follow its new weights
     (`target_params`: the policy's parameter state, or that state's `token_state`)."""
@@ -88,6 +95,11 @@ class DrafterTrainer:
     self.params, self.opt_state, metrics = self.update_fn(
         self.params, self.opt_state, self.target_params, tokens, feats, hidden, mask)
     self.step_count += 1
+    return {k: float(v) for k, v in metrics.items()}
+
+  def metrics(self, tokens, feats, hidden, mask) -> dict:
+    """The training step's metrics on a batch, without an update (a held-out batch)."""
+    metrics = self.evaluate_fn(self.params, self.target_params, tokens, feats, hidden, mask)
     return {k: float(v) for k, v in metrics.items()}
 
   def drafter(self) -> Drafter:

@@ -208,6 +208,29 @@ def warmup_key(target, prompts, params: SamplingParams, dcfg: DrafterConfig,
                          [list(map(int, p)) for p in prompts]])
 
 
+def warmup_data(target, prompts, params: SamplingParams, wcfg: WarmupConfig, pad_id: int,
+                cache_root: str, seed: int | None = None) -> WarmupData:
+  """The rollouts of `prompts` (`wcfg.group_size` samples each, under `seed`, default
+  `wcfg.seed`) and the target's features over them, cached under `cache_root`."""
+  return WarmupData(os.path.join(cache_root, "drafter_data"), target,
+                    content_digest([PARAM_LAYOUT, target_fingerprint(target)]), prompts, params,
+                    wcfg.group_size, wcfg.seq_len, wcfg.seed if seed is None else seed, pad_id)
+
+
+def teacher_forced_metrics(drafter: Drafter, target, data: WarmupData, batch_rows: int,
+                           progress: bool = True) -> dict:
+  """The training loss's metrics of `drafter` on `data`'s sequences, without an update (means
+  over its whole batches of `batch_rows`): on rollouts it never trained on, a validation set
+  that tells how much of its training agreement carries over."""
+  toks, mask = data.sequences()
+  feats, hidden = data.features(toks, drafter.cfg, progress=progress)
+  trainer = DrafterTrainer(drafter, target)
+  size = min(batch_rows, len(toks))  # whole batches only: one shape, one program
+  batches = [trainer.metrics(*(jnp.asarray(x[i: i + size]) for x in (toks, feats, hidden, mask)))
+             for i in range(0, len(toks) - size + 1, size)]
+  return {k: round(float(np.mean([b[k] for b in batches])), 4) for k in batches[0]}
+
+
 def warm_up(target, prompts, params: SamplingParams, *, pad_id: int, dcfg: DrafterConfig,
             tcfg: DrafterTrainConfig, wcfg: WarmupConfig, cache_root: str,
             progress: bool = True) -> tuple[Drafter, dict]:
@@ -224,9 +247,7 @@ def warm_up(target, prompts, params: SamplingParams, *, pad_id: int, dcfg: Draft
   if as_path(directory).is_dir() and Checkpointer(directory, local=True).latest_step() is not None:
     drafter, meta = load_drafter(directory, target)
     return drafter, dict(meta, cache=directory, cached=True, shipped=False, key=key)
-  data = WarmupData(os.path.join(cache_root, "drafter_data"),
-                    target, content_digest([PARAM_LAYOUT, target_fingerprint(target)]), prompts,
-                    params, wcfg.group_size, wcfg.seq_len, wcfg.seed, pad_id)
+  data = warmup_data(target, prompts, params, wcfg, pad_id, cache_root)
   toks, mask = data.sequences()
   drafter, metrics = train_on_sequences(target, toks, mask, data, dcfg, tcfg, wcfg, progress)
   save_drafter(drafter, directory, metrics)
