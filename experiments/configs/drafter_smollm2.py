@@ -9,11 +9,14 @@ drafter named `smollm2`, which every later run with this recipe loads instead of
       --depth=3 --ship=smollm2
 The `teacher_forced` variant trains TLT's recipe (depth 1 only, labels at T = 1), for comparison;
 `eagle3` the shipped recipe on EAGLE-3's fused features (the target's layers 2, 15 and 28 of 30
-instead of its final hidden state). Both train on the shipped drafter's rollouts (cached):
+instead of its final hidden state); `response` the shipped recipe with its loss on the drafted
+positions alone (not the prompts'). All train on the shipped drafter's rollouts (cached):
   python -m experiments.drafter_warmup \
       --config=experiments/configs/drafter_smollm2.py:teacher_forced
   python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py:eagle3 \
       --depth=3
+  python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py:response \
+      --depth=3 --config.drafter.eval_prompts=16
 """
 
 import ml_collections
@@ -22,7 +25,7 @@ from experiments.configs import base
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  variants = ("", "teacher_forced", "eagle3", "small", "small_teacher_forced")
+  variants = ("", "teacher_forced", "eagle3", "response", "small", "small_teacher_forced")
   if variant not in variants:
     raise ValueError(f"Unknown variant {variant!r}; use one of {variants}.")
   small = variant.startswith("small")
@@ -31,5 +34,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.drafter = base.smollm2_drafter(small, teacher_forced=variant.endswith("teacher_forced"))
   if variant == "eagle3":
     c.drafter.model.feature_layers = (2, 15, 28)
+  if variant == "response":
+    c.drafter.warmup.prompt_loss = False
   c.drafter.eval_prompts = 2 if small else 8
   return c

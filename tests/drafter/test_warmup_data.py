@@ -1,6 +1,8 @@
 """The warm-up's data cache: a second recipe on the same target and prompts trains on the first
 one's rollouts and features instead of sampling and computing them again."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -79,7 +81,7 @@ def test_a_half_written_file_is_never_read(tmp_path, what):
   assert what not in again.loaded
 
 
-def test_held_out_metrics_are_the_training_step_s_without_its_update(tmp_path):
+def test_held_out_metrics_are_the_training_step_s_at_the_drafted_positions(tmp_path):
   target = init_model(small_config(), seed=0)
   drafter = init_drafter(target.cfg, DrafterConfig(unroll_steps=2, tv_weight=0.5), seed=1)
   data = warmup_data.WarmupData(str(tmp_path), target, "t", PROMPTS, PARAMS, 2, 12, 0, 0)
@@ -88,6 +90,36 @@ def test_held_out_metrics_are_the_training_step_s_without_its_update(tmp_path):
   assert jax.tree.all(jax.tree.map(np.array_equal, before, nnx.state(drafter, nnx.Param)))
   toks, mask = data.sequences()
   feats, hidden = data.features(toks, drafter.cfg, progress=False)
-  step = DrafterTrainer(drafter, target).step(toks, feats, hidden, mask)  # before its update
+  # Scored where the drafter drafts; `step` reports its metrics before its update.
+  step = DrafterTrainer(drafter, target).step(toks, feats, hidden, data.drafted(mask))
   assert {"total_variation", "total_variation_d2", "top1_agreement_d2"} <= set(held_out)
   assert held_out == pytest.approx({k: round(v, 4) for k, v in step.items()}, abs=1e-4)
+
+
+def test_without_the_prompt_loss_the_drafter_trains_on_the_positions_it_drafts(tmp_path,
+                                                                               monkeypatch):
+  """Position t drafts token t + 2 from token t + 1 and the target's state at t, so the first
+  drafted position is a row's last prompt token; `prompt_loss=False` masks the ones before."""
+  target = init_model(small_config(), seed=0)
+  data = warmup_data.WarmupData(str(tmp_path), target, "t", PROMPTS, PARAMS, 2, 12, 0, 0)
+  toks, mask = data.sequences()
+  drafted = data.drafted(mask)
+  for row, p in enumerate([q for q in PROMPTS for _ in range(2)]):
+    assert not drafted[row, : len(p) - 1].any()
+    np.testing.assert_array_equal(drafted[row, len(p) - 1:], mask[row, len(p) - 1:])
+  masks = []
+  real_step = DrafterTrainer.step
+  monkeypatch.setattr(DrafterTrainer, "step", lambda self, t, f, h, m: masks.append(
+      (np.asarray(t), np.asarray(m))) or real_step(self, t, f, h, m))
+  wcfg = dataclasses.replace(WCFG, prompt_loss=False)
+  _, meta = warmup.warm_up(target, PROMPTS, PARAMS, pad_id=0, dcfg=DrafterConfig(),
+                           tcfg=DrafterTrainConfig(), wcfg=wcfg, cache_root=str(tmp_path),
+                           progress=False)
+  by_tokens = {tuple(t): (m, d) for t, m, d in zip(toks, mask, drafted)}
+  for t_BxL, m_BxL in masks:
+    for t, m in zip(t_BxL, m_BxL):
+      np.testing.assert_array_equal(m, by_tokens[tuple(t)][1])
+  # The key: unchanged by the field at its former value, changed without the prompt loss.
+  keys = {x: warmup.warmup_key(target, PROMPTS, PARAMS, DrafterConfig(), DrafterTrainConfig(),
+                               dataclasses.replace(WCFG, prompt_loss=x)) for x in (True, False)}
+  assert keys[False] == meta["key"] != keys[True]

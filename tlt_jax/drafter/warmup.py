@@ -43,13 +43,16 @@ RECIPE = "recipe.json"
 @dataclasses.dataclass(frozen=True)
 class WarmupConfig:
   """The offline warm-up's training: steps, batch rows, sequence length, samples per prompt of
-  the target's rollouts, and the seed."""
+  the target's rollouts, and the seed. `prompt_loss`: the loss also covers the prompts'
+  positions, which the drafter never drafts (the first warm-ups did; False trains on the
+  drafted positions alone, from the last prompt token on)."""
 
   steps: int = 300
   batch_rows: int = 32
   seq_len: int = 256
   group_size: int = 4
   seed: int = 0
+  prompt_loss: bool = True
 
 
 def target_fingerprint(target) -> str:
@@ -82,6 +85,8 @@ def train_on_sequences(target, toks, mask, data: WarmupData, dcfg: DrafterConfig
                                                                 target.cfg.vocab_size))
   trainer = DrafterTrainer(init_drafter(target.cfg, dcfg, seed=wcfg.seed), target, tcfg)
   feats, hidden = data.features(toks, dcfg, progress=progress)
+  if not wcfg.prompt_loss:
+    mask = data.drafted(mask)
   rng = np.random.default_rng(wcfg.seed)
   metrics = {}
   bar = tqdm(range(wcfg.steps), desc="drafter warm-up", disable=not progress, mininterval=2.0)
@@ -196,15 +201,21 @@ def load_any_drafter(directory: str, target) -> tuple[Drafter, dict]:
 # Drafter settings added after drafters were first shipped enter the key only when they differ from
 # their defaults, so that the keys of drafters trained without them stay the same.
 _LATER_FIELDS = {"label_temperature": 1.0, "tv_weight": 0.0, "accept_weighting": False}
+_LATER_WARMUP_FIELDS = {"prompt_loss": True}
+
+
+def _later(fields: dict, later: dict) -> dict:
+  """`fields` less those added later that hold their former behaviour's value."""
+  return {k: v for k, v in fields.items() if k not in later or v != later[k]}
 
 
 def warmup_key(target, prompts, params: SamplingParams, dcfg: DrafterConfig,
                tcfg: DrafterTrainConfig, wcfg: WarmupConfig) -> str:
   """The drafter's cache key: the target's weights, the warm-up settings and its prompts."""
-  recipe = {k: v for k, v in dataclasses.asdict(dcfg).items()
-            if k not in _LATER_FIELDS or v != _LATER_FIELDS[k]}
-  return content_digest([PARAM_LAYOUT, target_fingerprint(target), recipe,
-                         dataclasses.asdict(tcfg), dataclasses.asdict(wcfg), repr(params),
+  return content_digest([PARAM_LAYOUT, target_fingerprint(target),
+                         _later(dataclasses.asdict(dcfg), _LATER_FIELDS),
+                         dataclasses.asdict(tcfg),
+                         _later(dataclasses.asdict(wcfg), _LATER_WARMUP_FIELDS), repr(params),
                          [list(map(int, p)) for p in prompts]])
 
 
@@ -219,11 +230,13 @@ def warmup_data(target, prompts, params: SamplingParams, wcfg: WarmupConfig, pad
 
 def teacher_forced_metrics(drafter: Drafter, target, data: WarmupData, batch_rows: int,
                            progress: bool = True) -> dict:
-  """The training loss's metrics of `drafter` on `data`'s sequences, without an update (means
-  over its whole batches of `batch_rows`): on rollouts it never trained on, a validation set
-  that tells how much of its training agreement carries over."""
+  """The training loss's metrics of `drafter` on `data`'s sequences at the positions it drafts
+  (`WarmupData.drafted`), without an update (means over whole batches of `batch_rows`): on
+  rollouts it never trained on, a validation set whose total variation per depth is what the
+  `rejection` rule's acceptance per depth sees."""
   toks, mask = data.sequences()
   feats, hidden = data.features(toks, drafter.cfg, progress=progress)
+  mask = data.drafted(mask)  # scored where drafts are: what the acceptance sees
   trainer = DrafterTrainer(drafter, target)
   size = min(batch_rows, len(toks))  # whole batches only: one shape, one program
   batches = [trainer.metrics(*(jnp.asarray(x[i: i + size]) for x in (toks, feats, hidden, mask)))

@@ -94,6 +94,13 @@ class WarmupData:
     self._write(name, {"tokens": toks, "mask": mask})
     return toks, mask
 
+  def drafted(self, mask):
+    """`mask` at the positions a drafter drafts from: from each row's last prompt token on (its
+    hidden state and first response token feed the first draft), not the prompt before it."""
+    prompts, _, group_size = self.rollout[:3]
+    lengths_R = np.repeat([len(p) for p in prompts], group_size)
+    return mask * (np.arange(mask.shape[1])[None] >= lengths_R[:, None] - 1)
+
   def features(self, toks, dcfg: DrafterConfig, progress: bool = True):
     """(features, final hidden) of the target over `toks` (`teacher_features`), for the target
     layers `dcfg` reads."""
