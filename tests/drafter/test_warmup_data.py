@@ -130,5 +130,6 @@ def test_without_the_prompts_the_drafter_trains_on_rows_as_it_drafts_them(tmp_pa
       np.testing.assert_array_equal(m, rows[tuple(t)])
   # The key: unchanged by the field at its former value, changed without the prompts.
   keys = {x: warmup.warmup_key(target, PROMPTS, PARAMS, DrafterConfig(), DrafterTrainConfig(),
-                               dataclasses.replace(WCFG, train_on_prompts=x)) for x in (True, False)}
+                               dataclasses.replace(WCFG, train_on_prompts=x))
+          for x in (True, False)}
   assert keys[False] == meta["key"] != keys[True]
