@@ -68,6 +68,7 @@ class WarmupData:
   def __init__(self, directory: str, target, target_key: str, prompts, params: SamplingParams,
                group_size: int, seq_len: int, seed: int, pad_id: int):
     self.directory, self.target = as_path(directory), target
+    self.prompts, self.group_size = prompts, group_size
     self.rollout = (prompts, params, group_size, seq_len, seed, pad_id)
     self.key = content_digest([target_key, repr(params), group_size, seq_len, seed, pad_id,
                                [list(map(int, p)) for p in prompts]])
@@ -99,8 +100,7 @@ class WarmupData:
     left and cut to the longest. The drafter's cache starts there (that token's hidden state
     and the first response token are its first input; `follow.catch_up`), so a drafter trained
     on these attends to what it will attend to while drafting, and is scored where it drafts."""
-    prompts, _, group_size = self.rollout[:3]
-    start_R = np.maximum(np.repeat([len(p) for p in prompts], group_size) - 1, 0)
+    start_R = np.maximum(np.repeat([len(p) for p in self.prompts], self.group_size) - 1, 0)
     n = mask.shape[1]
     width = max(int(np.max(mask.sum(1) - start_R)), 1)
     idx_RxW = np.minimum(start_R[:, None] + np.arange(width)[None], n - 1)
