@@ -35,6 +35,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant == "eagle3":
     c.drafter.model.feature_layers = (2, 15, 28)
   if variant == "response":
-    c.drafter.warmup.train_on_prompts = False
+    c.drafter.warmup.prompt_loss = False
   c.drafter.eval_prompts = 2 if small else 8
   return c

@@ -4,6 +4,7 @@ one's rollouts and features instead of sampling and computing them again."""
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -11,9 +12,11 @@ from flax import nnx
 from tests.conftest import small_config
 from tlt_jax.drafter import warmup, warmup_data
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
+from tlt_jax.drafter.proposer import EagleProposer
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
 from tlt_jax.models import init_model
 from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.rollout.plain import pad_prompts
 
 PROMPTS = [[1, 5, 9], [2, 6], [3, 7, 11, 4]]
 PARAMS = SamplingParams(temperature=0.9, max_new_tokens=6)
@@ -81,7 +84,7 @@ def test_a_half_written_file_is_never_read(tmp_path, what):
   assert what not in again.loaded
 
 
-def test_held_out_metrics_are_the_training_step_s_on_the_sequences_as_drafted(tmp_path):
+def test_held_out_metrics_are_the_training_step_s_at_the_drafted_positions(tmp_path):
   target = init_model(small_config(), seed=0)
   drafter = init_drafter(target.cfg, DrafterConfig(unroll_steps=2, tv_weight=0.5), seed=1)
   data = warmup_data.WarmupData(str(tmp_path), target, "t", PROMPTS, PARAMS, 2, 12, 0, 0)
@@ -89,47 +92,58 @@ def test_held_out_metrics_are_the_training_step_s_on_the_sequences_as_drafted(tm
   held_out = warmup.teacher_forced_metrics(drafter, target, data, batch_rows=6, progress=False)
   assert jax.tree.all(jax.tree.map(np.array_equal, before, nnx.state(drafter, nnx.Param)))
   toks, mask = data.sequences()
-  drafted = data.drafted(toks, *data.features(toks, drafter.cfg, progress=False), mask)
-  step = DrafterTrainer(drafter, target).step(*drafted)  # its metrics are from before its update
+  feats, hidden = data.features(toks, drafter.cfg, progress=False)
+  # Scored where the drafter drafts; `step` reports its metrics before its update.
+  step = DrafterTrainer(drafter, target).step(toks, feats, hidden, data.drafted(mask))
   assert {"total_variation", "total_variation_d2", "top1_agreement_d2"} <= set(held_out)
   assert held_out == pytest.approx({k: round(v, 4) for k, v in step.items()}, abs=1e-4)
 
 
-def test_without_the_prompts_the_drafter_trains_on_rows_as_it_drafts_them(tmp_path,
-                                                                          monkeypatch):
-  """The drafter's cache starts at a row's last prompt token (its hidden state and the first
-  response token are the first input), so `train_on_prompts=False` trains on each row from there
-  on, shifted left: the drafter attends to what it attends to while drafting."""
+def test_the_prefill_gives_the_drafter_the_prompt_to_attend_to():
+  """Why drafted positions are scored with the prompts kept as context: the engine's prefill
+  (`EagleProposer.prefill`) fills the drafter's cache with the prompt's pairs, positions 0 ..
+  P - 2, exactly the entries teacher forcing computes for them."""
   target = init_model(small_config(), seed=0)
-  dcfg = DrafterConfig(feature_layers=(0, 1))
+  drafter = init_drafter(target.cfg, DrafterConfig(), seed=1)
+  proposer = EagleProposer(drafter)
+  prompts_UxP, lens_U = pad_prompts(PROMPTS, 4)
+  out = target(jnp.asarray(prompts_UxP))
+  state = proposer.prefill(target, proposer.init_state(target.cfg, len(PROMPTS), 8),
+                           jnp.asarray(prompts_UxP), out, jnp.asarray(lens_U))
+  np.testing.assert_array_equal(state.cache.lengths_B, lens_U - 1)
+  _, (_, v_BxKxTxH) = drafter.teacher_step(target.embed_tokens(jnp.asarray(prompts_UxP[:, 1:])),
+                                           drafter.project(out.hidden_BxTxD[:, :-1]))
+  for row, n in enumerate(lens_U):
+    np.testing.assert_allclose(state.cache.v[0][row, :, : n - 1], v_BxKxTxH[row, :, : n - 1],
+                               atol=1e-5)
+
+
+def test_without_the_prompt_loss_the_drafter_trains_on_the_positions_it_drafts(tmp_path,
+                                                                               monkeypatch):
+  """Position t drafts token t + 2 from token t + 1 and the target's state at t, so the first
+  drafted position is a row's last prompt token; `prompt_loss=False` masks the ones before and
+  keeps them in the sequence, as context."""
+  target = init_model(small_config(), seed=0)
   data = warmup_data.WarmupData(str(tmp_path), target, "t", PROMPTS, PARAMS, 2, 12, 0, 0)
   toks, mask = data.sequences()
-  feats, hidden = data.features(toks, dcfg, progress=False)
-  d_toks, d_feats, d_hidden, d_mask = data.drafted(toks, feats, hidden, mask)
-  width = d_toks.shape[1]
-  assert width == max(int(m.sum()) - len(p) + 1 for m, p in
-                      zip(mask, [q for q in PROMPTS for _ in range(2)]))
+  drafted = data.drafted(mask)
   for row, p in enumerate([q for q in PROMPTS for _ in range(2)]):
-    n = int(mask[row].sum()) - (len(p) - 1)  # the row's positions from its last prompt token
-    np.testing.assert_array_equal(d_mask[row], np.arange(width) < n)
-    np.testing.assert_array_equal(d_toks[row, :n], toks[row, len(p) - 1: len(p) - 1 + n])
-    np.testing.assert_array_equal(d_feats[row, :n], feats[row, len(p) - 1: len(p) - 1 + n])
-    np.testing.assert_array_equal(d_hidden[row, :n], hidden[row, len(p) - 1: len(p) - 1 + n])
+    assert not drafted[row, : len(p) - 1].any()
+    np.testing.assert_array_equal(drafted[row, len(p) - 1:], mask[row, len(p) - 1:])
   batches = []
   real_step = DrafterTrainer.step
-  monkeypatch.setattr(DrafterTrainer, "step", lambda self, *b: batches.append(
-      [np.asarray(x) for x in b]) or real_step(self, *b))
-  wcfg = dataclasses.replace(WCFG, train_on_prompts=False)
+  monkeypatch.setattr(DrafterTrainer, "step", lambda self, t, f, h, m: batches.append(
+      (np.asarray(t), np.asarray(m))) or real_step(self, t, f, h, m))
+  wcfg = dataclasses.replace(WCFG, prompt_loss=False)
   _, meta = warmup.warm_up(target, PROMPTS, PARAMS, pad_id=0, dcfg=DrafterConfig(),
                            tcfg=DrafterTrainConfig(), wcfg=wcfg, cache_root=str(tmp_path),
                            progress=False)
-  rows = {tuple(t): m for t, m in zip(d_toks, d_mask)}
-  assert batches and all(b[0].shape[1] == width for b in batches)
-  for t_BxL, _, _, m_BxL in batches:
+  rows = {tuple(t): d for t, d in zip(toks, drafted)}
+  assert batches
+  for t_BxL, m_BxL in batches:
     for t, m in zip(t_BxL, m_BxL):
       np.testing.assert_array_equal(m, rows[tuple(t)])
-  # The key: unchanged by the field at its former value, changed without the prompts.
+  # The key: unchanged by the field at its former value, changed without the prompt loss.
   keys = {x: warmup.warmup_key(target, PROMPTS, PARAMS, DrafterConfig(), DrafterTrainConfig(),
-                               dataclasses.replace(WCFG, train_on_prompts=x))
-          for x in (True, False)}
+                               dataclasses.replace(WCFG, prompt_loss=x)) for x in (True, False)}
   assert keys[False] == meta["key"] != keys[True]

@@ -43,17 +43,16 @@ RECIPE = "recipe.json"
 @dataclasses.dataclass(frozen=True)
 class WarmupConfig:
   """The offline warm-up's training: steps, batch rows, sequence length, samples per prompt of
-  the target's rollouts, and the seed. `train_on_prompts`: the drafter trains on whole sequences,
-  prompts included, which it never drafts nor attends to while drafting (the first warm-ups
-  did); False trains on each row from its last prompt token on, as the drafter drafts and as
-  the spot trainer's segments are."""
+  the target's rollouts, and the seed. `prompt_loss`: the loss also covers the prompts'
+  positions, which the drafter attends to but never drafts (the first warm-ups did); False
+  scores the drafted positions alone, from each row's last prompt token on."""
 
   steps: int = 300
   batch_rows: int = 32
   seq_len: int = 256
   group_size: int = 4
   seed: int = 0
-  train_on_prompts: bool = True
+  prompt_loss: bool = True
 
 
 def target_fingerprint(target) -> str:
@@ -86,8 +85,8 @@ def train_on_sequences(target, toks, mask, data: WarmupData, dcfg: DrafterConfig
                                                                 target.cfg.vocab_size))
   trainer = DrafterTrainer(init_drafter(target.cfg, dcfg, seed=wcfg.seed), target, tcfg)
   feats, hidden = data.features(toks, dcfg, progress=progress)
-  if not wcfg.train_on_prompts:
-    toks, feats, hidden, mask = data.drafted(toks, feats, hidden, mask)
+  if not wcfg.prompt_loss:
+    mask = data.drafted(mask)
   rng = np.random.default_rng(wcfg.seed)
   metrics = {}
   bar = tqdm(range(wcfg.steps), desc="drafter warm-up", disable=not progress, mininterval=2.0)
@@ -202,7 +201,7 @@ def load_any_drafter(directory: str, target) -> tuple[Drafter, dict]:
 # Drafter settings added after drafters were first shipped enter the key only when they differ from
 # their defaults, so that the keys of drafters trained without them stay the same.
 _LATER_FIELDS = {"label_temperature": 1.0, "tv_weight": 0.0, "accept_weighting": False}
-_LATER_WARMUP_FIELDS = {"train_on_prompts": True}
+_LATER_WARMUP_FIELDS = {"prompt_loss": True}
 
 
 def _later(fields: dict, later: dict) -> dict:
@@ -231,14 +230,13 @@ def warmup_data(target, prompts, params: SamplingParams, wcfg: WarmupConfig, pad
 
 def teacher_forced_metrics(drafter: Drafter, target, data: WarmupData, batch_rows: int,
                            progress: bool = True) -> dict:
-  """The training loss's metrics of `drafter` on `data`'s sequences as it drafts them
-  (`WarmupData.drafted`), without an update (means over whole batches of `batch_rows`): on
+  """The training loss's metrics of `drafter` on `data`'s sequences at the positions it drafts
+  (`WarmupData.drafted`, the prompts as context), without an update (means over whole batches of `batch_rows`): on
   rollouts it never trained on, a validation set whose total variation per depth is what the
   `rejection` rule's acceptance per depth sees."""
   toks, mask = data.sequences()
-  # As the drafter drafts: what the acceptance sees.
-  toks, feats, hidden, mask = data.drafted(toks, *data.features(toks, drafter.cfg, progress),
-                                           mask)
+  feats, hidden = data.features(toks, drafter.cfg, progress=progress)
+  mask = data.drafted(mask)  # scored where drafts are: what the acceptance sees
   trainer = DrafterTrainer(drafter, target)
   size = min(batch_rows, len(toks))  # whole batches only: one shape, one program
   batches = [trainer.metrics(*(jnp.asarray(x[i: i + size]) for x in (toks, feats, hidden, mask)))

@@ -95,20 +95,13 @@ class WarmupData:
     self._write(name, {"tokens": toks, "mask": mask})
     return toks, mask
 
-  def drafted(self, toks, feats, hidden, mask):
-    """The sequences as a drafter drafts them: each row from its last prompt token on, shifted
-    left and cut to the longest. The drafter's cache starts there (that token's hidden state
-    and the first response token are its first input; `follow.catch_up`), so a drafter trained
-    on these attends to what it will attend to while drafting, and is scored where it drafts."""
-    start_R = np.maximum(np.repeat([len(p) for p in self.prompts], self.group_size) - 1, 0)
-    n = mask.shape[1]
-    width = max(int(np.max(mask.sum(1) - start_R)), 1)
-    idx_RxW = np.minimum(start_R[:, None] + np.arange(width)[None], n - 1)
-    take = lambda x: np.take_along_axis(x, idx_RxW.reshape(idx_RxW.shape + (1,) * (x.ndim - 2)),
-                                        axis=1)
-    mask_RxW = take(mask) * (start_R[:, None] + np.arange(width)[None] < n)
-    feats_RxW = take(feats)
-    return take(toks), feats_RxW, feats_RxW if hidden is feats else take(hidden), mask_RxW
+  def drafted(self, mask):
+    """`mask` at the positions a drafter drafts from: each row's last prompt token on (its
+    hidden state and the first response token feed the first draft). The prompt before it stays
+    in the sequence as context: the engine's prefill feeds it to the drafter's cache
+    (`EagleProposer.prefill`), so the drafter attends to it while drafting."""
+    start_R = np.repeat([len(p) for p in self.prompts], self.group_size) - 1
+    return mask * (np.arange(mask.shape[1])[None] >= start_R[:, None])
 
   def features(self, toks, dcfg: DrafterConfig, progress: bool = True):
     """(features, final hidden) of the target over `toks` (`teacher_features`), for the target
