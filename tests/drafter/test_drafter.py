@@ -15,6 +15,7 @@ from tlt_jax.drafter.warmup import draft_vocabulary, target_fingerprint
 from tlt_jax.models import commit, init_model
 from tlt_jax.models.sampling import SamplingParams, gumbel_noise, processed_logprobs
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.spec.controller import SpecController
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 STOPS = (7, 9, 11)
@@ -278,6 +279,28 @@ def test_a_lazy_drafter_catches_up_when_speculation_starts(arms):
     np.testing.assert_array_equal(sd.tokens, plain.tokens)
     accept[follow] = eng.spec.accept_len()
   assert accept["lazy"] > 1.05 and abs(accept["lazy"] - accept["eager"]) < 0.05
+
+
+def test_only_the_first_drafting_dispatch_catches_a_lazy_drafter_up(monkeypatch):
+  """The dispatches that feed a lazy drafter the plain steps' tokens are told apart, so that the
+  cost chooser reports the arm's own speed beside that switching cost: one per wave, the first
+  that drafts after plain steps; none when the drafter follows eagerly."""
+  target = peaked_model(scale=8.0)
+  drafter = _trained_drafter(target)[0]
+  params = SamplingParams(temperature=0.0, max_new_tokens=40, stop_tokens=STOPS)
+  flags = []
+  real = SpecController.record
+  monkeypatch.setattr(SpecController, "record", lambda self, *a, catch_up=False: flags.append(
+      catch_up) or real(self, *a, catch_up=catch_up))
+  spec = SpecConfig(threshold=3, arms=EAGLE, min_accept_len=0.0)
+  by_follow = {}
+  for follow in ("lazy", "eager"):
+    flags.clear()
+    _run(target, params, _prompts(8, seed=4), 1, spec, drafter, follow=follow)
+    by_follow[follow] = list(flags)
+  lazy, eager = by_follow["lazy"], by_follow["eager"]
+  assert len(lazy) > 2 and lazy[0] is True and not any(lazy[1:])
+  assert len(eager) > 2 and not any(eager)
 
 
 @pytest.mark.parametrize("layers", [(), (0, 1, 2)])

@@ -305,7 +305,7 @@ class RolloutEngine:
     """Launches shard `s`'s next `steps_per_dispatch` steps: replay where `ReplayChoice` says it
     is faster for the rows still replaying, else plain or the arm the controller picks for its
     batch; returns without waiting for them."""
-    arm = None
+    arm, drafts = None, False
     if self.replay_choice.replays(run.b, run.live, int(np.sum(run.replaying))):
       key_build, run.kind = self.programs.replay(s, run.b, call.layout, call.params), "replay"
     else:
@@ -317,6 +317,10 @@ class RolloutEngine:
         key_build = self.programs.speculative(s, run.b, call.layout, call.params, strategy,
                                               self.spec.config.rule)
         run.kind = f"spec:{strategy.name}"
+        drafts = get_proposer(strategy.proposer).uses_draft_model
+    # A lazy drafter reads what it missed at the start of its next drafting dispatch.
+    run.catch_up = drafts and self.programs.lazy_follow and not run.drafter_current
+    run.drafter_current = drafts or not self.programs.lazy_follow
     run.arm, run.t0 = arm, time.perf_counter()
     run.state = self.programs.get(key_build)(self.weights.shard(s), run.state, call.keys[s])
 
@@ -338,7 +342,8 @@ class RolloutEngine:
                                 self.cfg.steps_per_dispatch)
     run.replaying, run.replayed = on_now & ~done & (run.slots >= 0), rp_now
     if run.arm is not None:
-      self.spec.record(run.b, run.arm, emitted, int(np.sum(ss_now - run.ss)), wall, run.live)
+      self.spec.record(run.b, run.arm, emitted, int(np.sum(ss_now - run.ss)), wall, run.live,
+                       catch_up=run.catch_up)
     run.t, run.ss = t_now, ss_now
     finished = np.flatnonzero(done & (run.slots >= 0))
     if len(live_slots) == 0:

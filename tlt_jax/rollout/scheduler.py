@@ -36,6 +36,10 @@ class ShardRun:
   kind: str = "decode"     # what the dispatch in flight runs: decode, spec:<arm> or replay
   replaying: np.ndarray | None = None  # which slots' live rows still replay their stored responses
   replayed: np.ndarray | None = None  # tokens each slot had emitted by replay at the last sync
+  # Whether a lazily-following draft model has read every emitted token (after a speculative
+  # dispatch that drafted with it), and whether the dispatch in flight first caught it up.
+  drafter_current: bool = False
+  catch_up: bool = False
 
 
 def next_ready(runs: dict[int, ShardRun]) -> int:

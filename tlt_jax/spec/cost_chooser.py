@@ -35,8 +35,11 @@ class CostChooser:
     self._moments = collections.defaultdict(lambda: [0, 0.0, 0.0])  # dispatches, sum w^2, w x^2
     self.choices = collections.Counter()
     # (bucket, arm) -> measured tokens/s per live row, all but its first dispatch (which may
-    # have waited for its program to compile)
+    # have waited for its program to compile); apart, the dispatches that first fed a lazy
+    # drafter every token since it last drafted (a cost of switching to the arm, which the
+    # per-step prediction does not price)
     self._rates = collections.defaultdict(list)
+    self._catch_up_rates = collections.defaultdict(list)
     self._seen = set()
 
   def _max_accept(self, a: int) -> int:
@@ -90,11 +93,11 @@ class CostChooser:
     mom = self._moments[arm]
     mom[0], mom[1], mom[2] = mom[0] + 1, mom[1] + row_steps ** 2, mom[2] + row_steps * x * x
 
-  def update(self, bucket: int, arm: int, reward: float) -> None:
+  def update(self, bucket: int, arm: int, reward: float, catch_up: bool = False) -> None:
     """Records a dispatch's measured tokens per second per live row (reported beside the
-    prediction)."""
+    prediction; `catch_up`: the dispatch first caught a lazy drafter up)."""
     if (bucket, arm) in self._seen:
-      self._rates[(bucket, arm)].append(float(reward))
+      (self._catch_up_rates if catch_up else self._rates)[(bucket, arm)].append(float(reward))
     self._seen.add((bucket, arm))
 
   def best(self, bucket: int, allowed: list[int]) -> int | None:
@@ -107,21 +110,30 @@ class CostChooser:
     return next((a for a in allowed if self.arms[a].is_plain), None)
 
   def medians(self) -> dict:
-    """Median measured tokens/s per live row, per `bucket/arm`."""
-    med = lambda r: sorted(r)[len(r) // 2]
-    return {f"{b}/{a}": med(r) for (b, a), r in self._rates.items() if r}
+    """Median measured tokens/s per live row, per `bucket/arm` (dispatches without a catch-up)."""
+    return {f"{b}/{a}": _median(r) for (b, a), r in self._rates.items() if r}
 
   def predicted_vs_measured(self) -> dict:
     """Per `bucket/arm` that ran speculatively: the predicted speed against plain decoding at
-    its measured acceptance, and the measured one (its tokens/s per live row over plain's,
-    1 / c(B, 1) from the table)."""
+    its measured acceptance, and the measured one (the median of its dispatches' tokens/s per
+    live row over plain's, 1 / c(B, 1) from the table), over the dispatches that ran the arm's
+    steps alone (`measured`) and over those that first caught a lazy drafter up
+    (`measured_catch_up`), with their counts."""
     out = {}
-    for (b, a), rates in self._rates.items():
+    for b, a in sorted(set(self._rates) | set(self._catch_up_rates)):
       c1 = self.table.target(b, 1)
-      if self.arms[a].is_plain or not rates or c1 is None:
+      if self.arms[a].is_plain or c1 is None:
         continue
       pred = self.score(b, a, optimistic=False)
-      measured = sorted(rates)[len(rates) // 2] * c1
-      out[f"{b}/{self.arms[a].name}"] = {"predicted": None if pred is None else round(pred, 3),
-                                         "measured": round(measured, 3)}
+      steady, catch_up = self._rates[(b, a)], self._catch_up_rates[(b, a)]
+      out[f"{b}/{self.arms[a].name}"] = {
+          "predicted": None if pred is None else round(pred, 3),
+          "measured": round(_median(steady) * c1, 3) if steady else None,
+          "dispatches": len(steady),
+          "measured_catch_up": round(_median(catch_up) * c1, 3) if catch_up else None,
+          "catch_up_dispatches": len(catch_up)}
     return out
+
+
+def _median(xs: list[float]) -> float:
+  return sorted(xs)[len(xs) // 2]
