@@ -8,6 +8,7 @@ import pytest
 from tests.conftest import jit_forward, small_config
 from tests.spec.test_spec_engine import PARAMS, PROMPT, V, _exact_joint, _prompts, peaked_model
 from tests.statistics import pooled_chi_square_pvalue
+from tlt_jax.drafter.losses import drafter_loss, smooth_l1, unroll
 from tlt_jax.drafter.model import DrafterConfig, drafter_cache, init_drafter
 from tlt_jax.drafter.proposer import EagleProposer, as_proposer
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer, teacher_batch
@@ -228,7 +229,6 @@ def test_a_random_drafter_triggers_the_health_fallback():
 
 
 def init_model_untied():
-  from tlt_jax.models import init_model
   return init_model(small_config(tie_embeddings=False), seed=0)
 
 
@@ -307,7 +307,6 @@ def test_only_the_first_drafting_dispatch_catches_a_lazy_drafter_up(monkeypatch)
 def test_unrolled_training_depths_equal_cached_drafting(layers):
   """Depth j of `unroll` at index t is exactly what a chain drafted from t computes at depth j:
   the cache holding depth 1's entries of indices < t, then each depth fed the one before."""
-  from tlt_jax.drafter.losses import unroll
   target = peaked_model()
   d = init_drafter(target.cfg, DrafterConfig(feature_layers=layers), seed=2)
   n, steps = 10, 3
@@ -328,7 +327,6 @@ def test_unrolled_training_depths_equal_cached_drafting(layers):
 
 
 def test_unrolled_loss_adds_deeper_depths_and_one_step_is_teacher_forcing():
-  from tlt_jax.drafter.losses import drafter_loss, smooth_l1
   target = peaked_model()
   toks = jax.random.randint(jax.random.key(3), (2, 12), 0, V_MODEL)
   mask = jnp.ones((2, 12), bool).at[1, 9:].set(False)
@@ -356,7 +354,6 @@ def test_labels_at_the_rollout_temperature_total_variation_and_acceptance_weight
   `total_variation` metric is one minus the rejection rule's acceptance of a depth-1 draft,
   sum(min(p, q)); `tv_weight` adds it to the loss; `accept_weighting` only lowers the weight of
   depths 2.. (by the detached chance that the depths before were accepted)."""
-  from tlt_jax.drafter.losses import drafter_loss
   target = peaked_model()
   toks = jax.random.randint(jax.random.key(3), (2, 12), 0, V_MODEL)
   mask = jnp.ones((2, 12), bool)

@@ -1,9 +1,12 @@
 """KV cache: accepted prefixes and tree paths, overflow errors."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from tests.conftest import jit_forward
 from tlt_jax.models import CacheOverflowError, check_overflow, commit, init_cache
@@ -59,7 +62,6 @@ def test_write_past_end_raises_eagerly(small_model):
 
 
 def test_write_past_end_under_jit_is_flagged_and_raises_at_sync(small_model):
-  from flax import nnx
   graphdef, state = nnx.split(small_model)
 
   @jax.jit
@@ -78,9 +80,6 @@ def test_write_past_end_under_jit_is_flagged_and_raises_at_sync(small_model):
 def test_a_cached_step_updates_the_donated_cache_in_place(small_model, batch, tokens):
   """No layer's cache is copied by a decode or verify step: the compiled step holds no `copy`
   of a cache buffer (the cache is a few times the weights' bytes at long contexts)."""
-  import re
-
-  from flax import nnx
   graphdef, state = nnx.split(small_model)
 
   def step(state, cache, toks):

@@ -4,12 +4,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from jax.experimental.compilation_cache import compilation_cache
 
 from tests.conftest import run_on_fake_devices, small_config
 from tests.statistics import chi_square_pvalue
 from tlt_jax.models import init_model
 from tlt_jax.models.sampling import SamplingParams, processed_logprobs
+from tlt_jax.rollout import compiles
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.rollout.plain import generate_plain
@@ -143,7 +145,6 @@ def test_pool_reuses_executables_for_new_weights(model):
   params = SamplingParams(temperature=1.0, max_new_tokens=8, stop_tokens=STOPS)
   a = eng.generate(_prompts(2), 1, params, jax.random.key(0))
   n = len(eng.pool)
-  from flax import nnx
   _, state = nnx.split(init_model(small_config(), seed=9))
   eng.weights.set_policy(state)
   b = eng.generate(_prompts(2), 1, params, jax.random.key(0))
@@ -186,7 +187,6 @@ def test_a_tensor_parallel_shard_gives_the_tokens_of_one_device():
 def test_after_warm_up_no_call_compiles_whatever_its_prompt_lengths(model):
   """The cache length is fixed by `max_prompt_len`: calls whose longest prompts need different
   prefill buckets run programs that `warm_up` built, and give the tokens of a per-call layout."""
-  from tlt_jax.rollout import compiles
   params = SamplingParams(temperature=1.0, max_new_tokens=8, stop_tokens=STOPS)
   eng = _engine(model, prefill_buckets=(4, 8, 16), max_prompt_len=14)
   calls = [[[5, 6], [7, 8, 9]], [[5] * 7, [6] * 2], [[4] * 14, [3] * 5, [8]]]  # buckets 4, 8, 16

@@ -5,6 +5,8 @@ import pytest
 
 from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.tasks import arithmetic
+from tlt_jax.tasks.word_problems import WordProblemConfig
+from tlt_jax.workloads import narrowed
 
 
 def test_tokenizer_round_trips_and_rejects_foreign_characters():
@@ -53,8 +55,6 @@ def test_bad_task_config_is_a_clear_error():
 
 
 def test_the_rl_pool_may_narrow_the_difficulty_mix_but_not_lengthen_it():
-  from tlt_jax.tasks.word_problems import WordProblemConfig
-  from tlt_jax.workloads import narrowed
   task = arithmetic.TaskConfig()
   mix = narrowed(task, {"min_steps": 2, "max_steps": 4})
   steps = {p.steps for p in arithmetic.make_problems(300, mix, 0, "train")}
