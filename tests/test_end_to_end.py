@@ -80,9 +80,8 @@ def test_bench_spec_small(tmp_path):
   # (on a busy CPU none may pay): each one that ran is reported beside its prediction.
   assert out["chooser"] == "cost" and isinstance(out["predicted_vs_measured"], dict)
   for cell in out["predicted_vs_measured"].values():
-    assert set(cell) == {"predicted", "measured", "dispatches", "measured_catch_up",
-                         "catch_up_dispatches"}
-    assert (cell["measured"] or cell["measured_catch_up"]) > 0
+    measured = [cell[k] for k in ("measured", "measured_catch_up", "measured_compiling")]
+    assert cell["predicted"] is not None and max(m or 0 for m in measured) > 0
 
 
 def test_bench_gpu_small_writes_every_figure(tmp_path):

@@ -89,11 +89,17 @@ def _best_of(engines, prompts, g, params, key, repeats) -> list[tuple]:
 def compare(model, prompts, g, params: SamplingParams, engine_cfg: EngineConfig,
             spec: SpecConfig, key, pad_id=0, repeats=2, drafter=None, costs=None) -> dict:
   """The controller's rollout (SD below its threshold, arms by its chooser; `costs`: the `cost`
-  chooser's table) against plain decoding's, best of `repeats` warm runs each, alternating."""
-  engine_cfg = dataclasses.replace(engine_cfg, precompile=True)
+  chooser's table) against plain decoding's, best of `repeats` warm runs each, alternating.
+  Both engines build every program first (`warm_up`), so that the chooser's first dispatches,
+  which explore the arms, do not share the host with compiles."""
+  lengths = [len(p) for p in prompts]
+  engine_cfg = dataclasses.replace(engine_cfg, precompile=True,
+                                   max_prompt_len=engine_cfg.max_prompt_len or max(lengths))
   sd_engine = RolloutEngine(model, engine_cfg, pad_id=pad_id, spec=spec,
                             drafter=as_proposer(drafter), costs=costs)
   plain_engine = RolloutEngine(model, same_cache(engine_cfg, spec), pad_id=pad_id)
+  for engine in (plain_engine, sd_engine):
+    engine.warm_up([(len(prompts), g)], params, lengths, progress=False)
   (plain, plain_s), (sd, sd_s) = _best_of((plain_engine, sd_engine), prompts, g, params, key,
                                            repeats)
   in_phase = lambda e: e.live <= spec.threshold

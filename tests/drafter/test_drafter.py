@@ -282,24 +282,24 @@ def test_a_lazy_drafter_catches_up_when_speculation_starts(arms):
 
 
 def test_only_the_first_drafting_dispatch_catches_a_lazy_drafter_up(monkeypatch):
-  """The dispatches that feed a lazy drafter the plain steps' tokens are told apart, so that the
+  """The dispatches that feed a lazy drafter the plain steps' tokens are set apart, so that the
   cost chooser reports the arm's own speed beside that switching cost: one per wave, the first
   that drafts after plain steps; none when the drafter follows eagerly."""
   target = peaked_model(scale=8.0)
   drafter = _trained_drafter(target)[0]
   params = SamplingParams(temperature=0.0, max_new_tokens=40, stop_tokens=STOPS)
-  flags = []
+  reasons = []
   real = SpecController.record
-  monkeypatch.setattr(SpecController, "record", lambda self, *a, catch_up=False: flags.append(
-      catch_up) or real(self, *a, catch_up=catch_up))
+  monkeypatch.setattr(SpecController, "record", lambda self, *a, apart="": reasons.append(
+      apart) or real(self, *a, apart=apart))
   spec = SpecConfig(threshold=3, arms=EAGLE, min_accept_len=0.0)
   by_follow = {}
   for follow in ("lazy", "eager"):
-    flags.clear()
+    reasons.clear()
     _run(target, params, _prompts(8, seed=4), 1, spec, drafter, follow=follow)
-    by_follow[follow] = list(flags)
+    by_follow[follow] = list(reasons)
   lazy, eager = by_follow["lazy"], by_follow["eager"]
-  assert len(lazy) > 2 and lazy[0] is True and not any(lazy[1:])
+  assert len(lazy) > 2 and lazy[0] == "catch_up" and not any(lazy[1:])
   assert len(eager) > 2 and not any(eager)
 
 

@@ -154,3 +154,21 @@ def test_the_engine_decodes_exactly_under_the_cost_chooser():
   assert any(e.kind == "spec:suffix_d3_n3" for e in sd.timeline.events)
   report = eng.spec.summary()["predicted_vs_measured"]
   assert report and all(v["predicted"] is not None and v["measured"] > 0 for v in report.values())
+
+
+def test_dispatches_set_apart_are_reported_apart():
+  """The arm's measured speed is the median over dispatches that ran its steps alone; those
+  that caught a lazy drafter up or shared the host with compiles are reported beside it."""
+  chooser = CostChooser((EAGLE3, PLAIN), TABLE, "coupled")
+  chooser.observe(0, 20, 10)  # accepted length 2
+  for reward, apart in [(99.0, ""), (10.0, ""), (12.0, ""), (11.0, ""), (2.0, "catch_up"),
+                        (5.0, "compiling"), (4.0, "compiling")]:
+    chooser.update(1, 0, reward, apart)  # the first (99: it compiled) is never counted
+  cell = chooser.predicted_vs_measured()["1/eagle_d3"]
+  c1 = TABLE.target(1, 1)
+  assert cell == {"predicted": round(chooser.score(1, 0, optimistic=False), 3),
+                  "measured": round(11.0 * c1, 3), "dispatches": 3,
+                  "measured_catch_up": round(2.0 * c1, 3), "catch_up_dispatches": 1,
+                  "measured_compiling": round(5.0 * c1, 3), "compiling_dispatches": 2}
+  with pytest.raises(ValueError, match="apart must be"):
+    chooser.update(1, 0, 1.0, "slow")

@@ -319,7 +319,8 @@ class RolloutEngine:
         run.kind = f"spec:{strategy.name}"
         drafts = get_proposer(strategy.proposer).uses_draft_model
     # A lazy drafter reads what it missed at the start of its next drafting dispatch.
-    run.catch_up = drafts and self.programs.lazy_follow and not run.drafter_current
+    catch_up = drafts and self.programs.lazy_follow and not run.drafter_current
+    run.apart = "compiling" if self.pool.compiling() else "catch_up" if catch_up else ""
     run.drafter_current = drafts or not self.programs.lazy_follow
     run.arm, run.t0 = arm, time.perf_counter()
     run.state = self.programs.get(key_build)(self.weights.shard(s), run.state, call.keys[s])
@@ -343,7 +344,7 @@ class RolloutEngine:
     run.replaying, run.replayed = on_now & ~done & (run.slots >= 0), rp_now
     if run.arm is not None:
       self.spec.record(run.b, run.arm, emitted, int(np.sum(ss_now - run.ss)), wall, run.live,
-                       catch_up=run.catch_up)
+                       apart=run.apart)
     run.t, run.ss = t_now, ss_now
     finished = np.flatnonzero(done & (run.slots >= 0))
     if len(live_slots) == 0:

@@ -204,6 +204,11 @@ class ExecutablePool:
         return
       self._futures[key] = self._executor.submit(self._compile, key, build, twins)
 
+  def compiling(self) -> bool:
+    """Whether a background compile is in flight (it shares the host with the dispatches)."""
+    with self._lock:
+      return any(not f.done() for f in self._futures.values())
+
   def wait(self, progress: bool = False, desc: str = "compile") -> None:
     """Blocks until every background compile is done (with a progress bar if asked)."""
     futures = list(self._futures.values())

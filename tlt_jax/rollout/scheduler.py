@@ -37,9 +37,11 @@ class ShardRun:
   replaying: np.ndarray | None = None  # which slots' live rows still replay their stored responses
   replayed: np.ndarray | None = None  # tokens each slot had emitted by replay at the last sync
   # Whether a lazily-following draft model has read every emitted token (after a speculative
-  # dispatch that drafted with it), and whether the dispatch in flight first caught it up.
+  # dispatch that drafted with it); why the dispatch in flight is not the arm's steady speed:
+  # "catch_up" (it first feeds a lazy drafter the plain steps' tokens), "compiling" (background
+  # compiles share the host with it), or "" (neither).
   drafter_current: bool = False
-  catch_up: bool = False
+  apart: str = ""
 
 
 def next_ready(runs: dict[int, ShardRun]) -> int:

@@ -45,7 +45,3 @@ class BucketedEpsilonGreedy:
     """The arm with the best median reward at `bucket` (None before any was tried)."""
     tried = [a for a in allowed if self._rewards[(bucket, a)]]
     return max(tried, key=lambda a: np.median(self._rewards[(bucket, a)])) if tried else None
-
-  def medians(self) -> dict:
-    """Median reward per `bucket/arm`."""
-    return {f"{b}/{a}": float(np.median(r)) for (b, a), r in self._rewards.items() if r}

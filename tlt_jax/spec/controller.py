@@ -60,13 +60,13 @@ class SpecController:
     return self.chooser.choose(bucket, allowed)
 
   def record(self, bucket: int, arm: int, tokens: int, row_steps: int, wall_s: float,
-             live: int, catch_up: bool = False) -> None:
-    """Records a dispatch (`live` rows at its start; `catch_up`: it first fed a lazy drafter
-    the tokens of the plain steps before it) for the chooser and its accepted length for the
-    health monitor."""
+             live: int, apart: str = "") -> None:
+    """Records a dispatch (`live` rows at its start; `apart`: why its speed is not the arm's
+    own, `CostChooser.update`) for the chooser and its accepted length for the health
+    monitor."""
     rate = tokens / max(wall_s, 1e-9)
     if isinstance(self.chooser, CostChooser):
-      self.chooser.update(bucket, arm, rate / max(live, 1), catch_up)
+      self.chooser.update(bucket, arm, rate / max(live, 1), apart)
     else:
       self.chooser.update(bucket, arm, rate)
     if arm in self.plain_arms:

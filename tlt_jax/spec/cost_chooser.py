@@ -22,6 +22,10 @@ from tlt_jax.spec.strategy import Strategy
 
 MIN_DISPATCHES = 3
 Z = 2.0
+# Why a dispatch's measured speed is not its arm's own: it first fed a lazy drafter the tokens
+# of the plain steps before it (a cost of switching to the arm, which the per-step prediction
+# does not price), or background compiles shared the host with it.
+APART = ("catch_up", "compiling")
 
 
 class CostChooser:
@@ -34,12 +38,10 @@ class CostChooser:
     self.row_steps = collections.Counter()
     self._moments = collections.defaultdict(lambda: [0, 0.0, 0.0])  # dispatches, sum w^2, w x^2
     self.choices = collections.Counter()
-    # (bucket, arm) -> measured tokens/s per live row, all but its first dispatch (which may
-    # have waited for its program to compile); apart, the dispatches that first fed a lazy
-    # drafter every token since it last drafted (a cost of switching to the arm, which the
-    # per-step prediction does not price)
+    # (reason, bucket, arm) -> measured tokens/s per live row, all but the arm's first dispatch
+    # at the bucket (which may have waited for its program to compile), by why it is not the
+    # arm's own speed (`APART`; "": it is)
     self._rates = collections.defaultdict(list)
-    self._catch_up_rates = collections.defaultdict(list)
     self._seen = set()
 
   def _max_accept(self, a: int) -> int:
@@ -93,11 +95,13 @@ class CostChooser:
     mom = self._moments[arm]
     mom[0], mom[1], mom[2] = mom[0] + 1, mom[1] + row_steps ** 2, mom[2] + row_steps * x * x
 
-  def update(self, bucket: int, arm: int, reward: float, catch_up: bool = False) -> None:
-    """Records a dispatch's measured tokens per second per live row (reported beside the
-    prediction; `catch_up`: the dispatch first caught a lazy drafter up)."""
+  def update(self, bucket: int, arm: int, reward: float, apart: str = "") -> None:
+    """Records a dispatch's measured tokens per second per live row, reported beside the
+    prediction; `apart` (one of `APART`) sets it apart from the arm's own speed."""
+    if apart not in ("", *APART):
+      raise ValueError(f"apart must be '' or one of {APART}, got {apart!r}.")
     if (bucket, arm) in self._seen:
-      (self._catch_up_rates if catch_up else self._rates)[(bucket, arm)].append(float(reward))
+      self._rates[(apart, bucket, arm)].append(float(reward))
     self._seen.add((bucket, arm))
 
   def best(self, bucket: int, allowed: list[int]) -> int | None:
@@ -109,29 +113,25 @@ class CostChooser:
       return max(scored)[1]
     return next((a for a in allowed if self.arms[a].is_plain), None)
 
-  def medians(self) -> dict:
-    """Median measured tokens/s per live row, per `bucket/arm` (dispatches without a catch-up)."""
-    return {f"{b}/{a}": _median(r) for (b, a), r in self._rates.items() if r}
-
   def predicted_vs_measured(self) -> dict:
     """Per `bucket/arm` that ran speculatively: the predicted speed against plain decoding at
     its measured acceptance, and the measured one (the median of its dispatches' tokens/s per
-    live row over plain's, 1 / c(B, 1) from the table), over the dispatches that ran the arm's
-    steps alone (`measured`) and over those that first caught a lazy drafter up
-    (`measured_catch_up`), with their counts."""
+    live row over plain's, 1 / c(B, 1) from the table) with the dispatches' count: over those
+    that ran the arm's steps alone (`measured`), and apart, over those that first caught a lazy
+    drafter up (`measured_catch_up`) or shared the host with background compiles
+    (`measured_compiling`)."""
     out = {}
-    for b, a in sorted(set(self._rates) | set(self._catch_up_rates)):
+    for b, a in sorted({(b, a) for _, b, a in self._rates}):
       c1 = self.table.target(b, 1)
       if self.arms[a].is_plain or c1 is None:
         continue
       pred = self.score(b, a, optimistic=False)
-      steady, catch_up = self._rates[(b, a)], self._catch_up_rates[(b, a)]
-      out[f"{b}/{self.arms[a].name}"] = {
-          "predicted": None if pred is None else round(pred, 3),
-          "measured": round(_median(steady) * c1, 3) if steady else None,
-          "dispatches": len(steady),
-          "measured_catch_up": round(_median(catch_up) * c1, 3) if catch_up else None,
-          "catch_up_dispatches": len(catch_up)}
+      cell = {"predicted": None if pred is None else round(pred, 3)}
+      for why in ("", *APART):
+        rates = self._rates.get((why, b, a), [])
+        cell["measured" + (why and f"_{why}")] = round(_median(rates) * c1, 3) if rates else None
+        cell[(why and f"{why}_") + "dispatches"] = len(rates)
+      out[f"{b}/{self.arms[a].name}"] = cell
     return out
 
 
