@@ -77,7 +77,8 @@ def fixed_layout_cost(model, prompts, group_size: int, params: SamplingParams,
   longest = max(map(len, prompts))
   return {"cache_len_per_call": engines["per_call"].programs.layout(n, False, longest).cache_len,
           "cache_len_fixed": engines["fixed"].programs.layout(n, False).cache_len,
-          "engine_s_per_call": round(best["per_call"], 4), "engine_s_fixed": round(best["fixed"], 4),
+          "engine_s_per_call": round(best["per_call"], 4),
+          "engine_s_fixed": round(best["fixed"], 4),
           "fixed_over_per_call": round(best["fixed"] / best["per_call"], 4),
           "same_tokens": bool(np.array_equal(outs["fixed"].tokens, outs["per_call"].tokens))}
 

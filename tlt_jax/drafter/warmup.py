@@ -231,9 +231,9 @@ def warmup_data(target, prompts, params: SamplingParams, wcfg: WarmupConfig, pad
 def teacher_forced_metrics(drafter: Drafter, target, data: WarmupData, batch_rows: int,
                            progress: bool = True) -> dict:
   """The training loss's metrics of `drafter` on `data`'s sequences at the positions it drafts
-  (`WarmupData.drafted`, the prompts as context), without an update (means over whole batches of `batch_rows`): on
-  rollouts it never trained on, a validation set whose total variation per depth is what the
-  `rejection` rule's acceptance per depth sees."""
+  (`WarmupData.drafted`, the prompts as context), without an update (means over whole batches
+  of `batch_rows`): on rollouts it never trained on, a validation set whose total variation per
+  depth is what the `rejection` rule's acceptance per depth sees."""
   toks, mask = data.sequences()
   feats, hidden = data.features(toks, drafter.cfg, progress=progress)
   mask = data.drafted(mask)  # scored where drafts are: what the acceptance sees
