@@ -54,7 +54,8 @@ def test_bench_rollout_small(tmp_path):
 
 
 def test_bench_cost_small():
-  out = last_json(run_module("experiments.bench_cost", "--config=experiments/configs/bench_cost.py:small"))
+  out = last_json(run_module("experiments.bench_cost",
+                             "--config=experiments/configs/bench_cost.py:small"))
   assert out["bandwidth_gb_s"] > 0 and len(out["table"]) == 4
   assert all(0 < r["ms"] <= r["ms_median"] for r in out["table"])
   assert sorted(out["matmul_only_ms"]) == ["1", "2"] and min(out["matmul_only_ms"].values()) > 0

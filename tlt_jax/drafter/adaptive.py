@@ -110,7 +110,8 @@ class AdaptiveDrafter:
   def after_rollout(self, prompts, group_size: int, result, step: int,
                     policy_version: int) -> dict:
     """Stops spot training, checks and maybe publishes the candidate on held-back segments of
-    this rollout, then adds the rollout's segments to the buffer; returns the step's drafter metrics."""
+    this rollout, then adds the rollout's segments to the buffer; returns the step's drafter
+    metrics."""
     t0 = time.perf_counter()
     self.spot.preempt()
     preempt_s = time.perf_counter() - t0
@@ -167,7 +168,8 @@ class AdaptiveDrafter:
   # ---------------------------------------------------------------- state and export
 
   def state(self) -> dict:
-    """What a checkpoint keeps: the trainer's parameters and optimizer state, and the published ones."""
+    """What a checkpoint keeps: the trainer's parameters and optimizer state, and the published
+    ones."""
     return {**self.spot.trainer.state(), "in_use": self.in_use}
 
   def load_state(self, state: dict, version: int) -> None:

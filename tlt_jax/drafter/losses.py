@@ -12,7 +12,8 @@ from tlt_jax.drafter.model import Drafter
 
 
 def smooth_l1(x, beta: float = 1.0):
-  """The smooth-L1 (Huber, delta 1) distance, per position, between predicted and target features."""
+  """The smooth-L1 (Huber, delta 1) distance, per position, between predicted and target
+  features."""
   a = jnp.abs(x)
   return jnp.where(a < beta, 0.5 * a * a / beta, a - 0.5 * beta)
 

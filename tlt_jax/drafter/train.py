@@ -44,7 +44,8 @@ def teacher_batch(target, tokens_BxL: np.ndarray, cfg) -> tuple[jax.Array, jax.A
 class DrafterTrainer:
   """Owns the drafter's optimizer state and step count; `step` is one jitted update."""
 
-  def __init__(self, drafter: Drafter, target, train_cfg: DrafterTrainConfig = DrafterTrainConfig()):
+  def __init__(self, drafter: Drafter, target,
+               train_cfg: DrafterTrainConfig = DrafterTrainConfig()):
     self.graphdef, self.params = nnx.split(drafter, nnx.Param)
     # Of the target it reads the embedding and head alone (`models.transformer.token_view`).
     self.target_graphdef, self.target_params = nnx.split(token_view(target))
