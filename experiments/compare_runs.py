@@ -20,8 +20,9 @@ def main(argv):
   if len(argv) != 3:
     raise app.UsageError("Usage: python -m experiments.compare_runs BASELINE_DIR TLT_DIR")
   out = compare_runs(argv[1], argv[2], skip_first=_SKIP.value)
-  print(f"[compare] {out['steps']} common steps; rewards "
-        f"{'identical' if out['rewards_identical'] else 'differ by up to %g' % out['reward_max_abs_diff']}; "
+  rewards = ("identical" if out["rewards_identical"]
+             else f"differ by up to {out['reward_max_abs_diff']:g}")
+  print(f"[compare] {out['steps']} common steps; rewards {rewards}; "
         f"end-to-end {out['e2e_speedup']:.3f}x, rollout {out['rollout_speedup']:.3f}x at a rollout "
         f"share of {out['rollout_share']:.2f}; Amdahl bound {out['amdahl_bound']:.3f}x")
   print(json.dumps(out))

@@ -24,7 +24,8 @@ ACCELERATOR_OWN = ("jax", "jaxlib")
 
 
 def _name(requirement: str) -> str:
-  """A requirement's distribution name, normalised ("orbax-checkpoint>=0.11" -> "orbax-checkpoint")."""
+  """A requirement's distribution name, normalised ("orbax-checkpoint>=0.11" ->
+  "orbax-checkpoint")."""
   return re.sub(r"[-_.]+", "-", re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)[1]
                 ).lower()
 

@@ -23,7 +23,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # them. XLA's cheap optimisation level nearly halves that (a drafter test 76 s -> 46 s cold), and
 # its older elemental emitters instead of the fusion emitters cut more (a drafter test 41 s ->
 # 30 s cold); the programs run slower, which compile-bound tests barely feel
-# (training-bound launchers run without them: `tests.test_launchers.run_module(fast_compile=False)`).
+# (training-bound launchers run without them:
+# `tests.test_launchers.run_module(fast_compile=False)`).
 # What the tests assert (SD equals plain decoding, one device equals two, ...) compares programs
 # built under the same flags, as on any backend. Subprocesses, and pytest-xdist workers, inherit
 # the flags. XLA aborts on a flag it does not know, so the emitter flag is kept only where a probe

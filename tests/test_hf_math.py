@@ -104,7 +104,8 @@ def test_rewards_by_name_sums_and_user_functions(monkeypatch):
     with pytest.raises(ConfigError, match=message):
       rewards.reward_fn(name)
   monkeypatch.setattr(rewards, "math_verify", None)  # the optional extra not installed
-  with pytest.raises(ConfigError, match=r"'boxed' needs math-verify: pip install 'tlt_jax\[math\]'"):
+  with pytest.raises(ConfigError,
+                     match=r"'boxed' needs math-verify: pip install 'tlt_jax\[math\]'"):
     rewards.reward_fn("boxed")
 
 

@@ -17,7 +17,8 @@ from tlt_jax.rollout.plain import generate_plain  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = ["What is the capital of France?", "Tom has 12 apples and gives away 5. How many are left?",
+PROMPTS = ["What is the capital of France?",
+           "Tom has 12 apples and gives away 5. How many are left?",
            "Write a haiku about the sea.", "Explain gravity in one sentence."]
 
 

@@ -73,7 +73,8 @@ def test_tree_mask_decoding_equals_full_forward_along_each_path(small_model):
   parents, anc, depth = _tree()
   prefix = _rand_tokens(3, 1, 6)
   tree_toks = _rand_tokens(4, 1, len(parents))
-  cache = commit(jit_forward(small_model, prefix, init_cache(small_model.cfg, 1, 24)).cache, jnp.array([6]))
+  cache = commit(jit_forward(small_model, prefix, init_cache(small_model.cfg, 1, 24)).cache,
+                 jnp.array([6]))
   out = jit_forward(small_model, tree_toks, cache, tree_mask_TxT=anc, depth_T=depth)
   for node in range(len(parents)):
     seq = jnp.concatenate([prefix, tree_toks[:, _path(parents, node)]], axis=1)

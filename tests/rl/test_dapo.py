@@ -32,7 +32,8 @@ def test_the_overlong_penalty_ramps_over_the_buffer():
   got = overlong_penalty(np.array([0, 8, 9, 10, 12]), 12, 4, 0.5)
   np.testing.assert_allclose(got, [0.0, 0.0, -0.125, -0.25, -0.5])
   assert not overlong_penalty(np.array([12]), 12, 0, 1.0).any()  # off
-  shaped = DAPOConfig(overlong_buffer=4).shape_rewards(np.ones(2, np.float32), np.array([3, 12]), 12)
+  shaped = DAPOConfig(overlong_buffer=4).shape_rewards(np.ones(2, np.float32), np.array([3, 12]),
+                                                       12)
   np.testing.assert_allclose(shaped, [1.0, 0.0])
 
 

@@ -197,7 +197,8 @@ def test_after_warm_up_no_call_compiles_whatever_its_prompt_lengths(model):
   assert built.events == 0 and all(o.timeline.summary()["compile_events"] == 0 for o in outs)
   per_call = _engine(model, prefill_buckets=(4, 8, 16))
   for i, (p, o) in enumerate(zip(calls, outs)):
-    np.testing.assert_array_equal(o.tokens, per_call.generate(p, 3, params, jax.random.key(i)).tokens)
+    np.testing.assert_array_equal(o.tokens,
+                                  per_call.generate(p, 3, params, jax.random.key(i)).tokens)
   with pytest.raises(ValueError, match="max_prompt_len"):
     eng.generate([[3] * 15], 1, params, jax.random.key(0))
   with pytest.raises(ValueError, match="needs EngineConfig.max_prompt_len"):

@@ -103,8 +103,10 @@ def prefix_attention(q_BxKxRxH, k_BxKxSxH, v_BxKxSxH, lengths_B, *, interpret: b
       out_specs=[
           pl.BlockSpec((None, None, None, block_r, h),
                        lambda i, j, s: (*head(i, j, s), s, j % r_blocks, 0)),
-          pl.BlockSpec((None, None, None, block_r), lambda i, j, s: (*head(i, j, s), s, j % r_blocks)),
-          pl.BlockSpec((None, None, None, block_r), lambda i, j, s: (*head(i, j, s), s, j % r_blocks)),
+          pl.BlockSpec((None, None, None, block_r),
+                       lambda i, j, s: (*head(i, j, s), s, j % r_blocks)),
+          pl.BlockSpec((None, None, None, block_r),
+                       lambda i, j, s: (*head(i, j, s), s, j % r_blocks)),
       ],
       out_shape=[jax.ShapeDtypeStruct((b, kh, splits, q.shape[2], h), jnp.float32),
                  jax.ShapeDtypeStruct((b, kh, splits, q.shape[2]), jnp.float32),

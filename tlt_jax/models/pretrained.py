@@ -108,7 +108,8 @@ def _read_safetensors(directory: str) -> dict[str, np.ndarray]:
 
 
 def load_hf_folder(directory: str, dtype: str = "float32") -> tuple[Transformer, TextTokenizer]:
-  """The model and tokenizer of a local Hugging Face folder (config.json, safetensors, tokenizer)."""
+  """The model and tokenizer of a local Hugging Face folder (config.json, safetensors,
+  tokenizer)."""
   cfg_path = os.path.join(directory, "config.json")
   if not os.path.exists(cfg_path):
     raise FileNotFoundError(f"{cfg_path} is missing: point --model at a Hugging Face checkpoint "

@@ -92,5 +92,6 @@ def compare_runs(baseline_dir: str, tlt_dir: str, skip_first: int = 1) -> dict:
       "compile_s_tlt": round(sum(tlt[s].get(COMPILE_S, 0.0) for s in steps), 3),
       "accept_len": round(float(np.mean([tlt[s].get("spec/accept_len", 0.0) for s in timed])),
                           4),
-      "reward_baseline_last": base[steps[-1]]["reward"], "reward_tlt_last": tlt[steps[-1]]["reward"],
+      "reward_baseline_last": base[steps[-1]]["reward"],
+      "reward_tlt_last": tlt[steps[-1]]["reward"],
   }
