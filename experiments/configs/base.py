@@ -119,7 +119,7 @@ def smollm2_drafter(small: bool = False, teacher_forced: bool = False) -> CD:
     c.model.update(unroll_steps=3, unroll_decay=0.8, label_temperature=0.9, tv_weight=0.5)
   c.train = CD(dict(lr=1e-3, warmup_steps=30))
   c.warmup = CD(dict(steps=4 if small else (600 if teacher_forced else 400),
-                     batch_rows=4 if small else 16, seq_len=384, prompt_loss=True))
+                     batch_rows=4 if small else 16, seq_len=384))
   c.warmup_prompts = 4 if small else 256
   c.adaptive = CD()
   return c
