@@ -10,12 +10,15 @@ drafter named `smollm2`, which every later run with this recipe loads instead of
 The `teacher_forced` variant trains TLT's recipe (depth 1 only, labels at T = 1), for comparison;
 `eagle3` the shipped recipe on EAGLE-3's fused features (the target's layers 2, 15 and 28 of 30
 instead of its final hidden state); `response` the shipped recipe with its loss on the drafted
-positions alone (not the prompts'). All train on the shipped drafter's rollouts (cached):
+positions alone (not the prompts'); `decay` the shipped recipe with its learning rate decayed by a
+cosine to a tenth over its 400 steps. All train on the shipped drafter's rollouts (cached):
   python -m experiments.drafter_warmup \
       --config=experiments/configs/drafter_smollm2.py:teacher_forced
   python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py:eagle3 \
       --depth=3
   python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py:response \
+      --depth=3 --config.drafter.eval_prompts=16
+  python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py:decay \
       --depth=3 --config.drafter.eval_prompts=16
 """
 
@@ -25,7 +28,7 @@ from experiments.configs import base
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  variants = ("", "teacher_forced", "eagle3", "response", "small", "small_teacher_forced")
+  variants = ("", "teacher_forced", "eagle3", "response", "decay", "small", "small_teacher_forced")
   if variant not in variants:
     raise ValueError(f"Unknown variant {variant!r}; use one of {variants}.")
   small = variant.startswith("small")
@@ -36,5 +39,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.drafter.model.feature_layers = (2, 15, 28)
   if variant == "response":
     c.drafter.warmup.prompt_loss = False
+  if variant == "decay":
+    c.drafter.train.decay_steps = c.drafter.warmup.steps
   c.drafter.eval_prompts = 2 if small else 8
   return c

@@ -147,3 +147,28 @@ def test_without_the_prompt_loss_the_drafter_trains_on_the_positions_it_drafts(t
   keys = {x: warmup.warmup_key(target, PROMPTS, PARAMS, DrafterConfig(), DrafterTrainConfig(),
                                dataclasses.replace(WCFG, prompt_loss=x)) for x in (True, False)}
   assert keys[False] == meta["key"] != keys[True]
+
+
+def test_a_warm_up_of_known_length_decays_its_rate_and_keys_apart():
+  """`decay_steps` decays the drafter's rate by a cosine to a tenth at that step (0 holds it, as
+  the spot trainer needs); a decayed recipe is another drafter, so another cache key."""
+  params, grads = {"w": jnp.zeros(3)}, {"w": jnp.ones(3)}
+
+  def step_sizes(tcfg, steps):  # Adam's normalised step for a constant gradient is the rate
+    opt = tcfg.optimizer()
+    state, sizes = opt.init(params), []
+    for _ in range(steps):
+      upd, state = opt.update(grads, state, params)
+      sizes.append(float(jnp.abs(upd["w"][0])))
+    return np.array(sizes)
+
+  held = step_sizes(DrafterTrainConfig(lr=1.0, warmup_steps=2, clip=1e9), 12)
+  decayed = step_sizes(DrafterTrainConfig(lr=1.0, warmup_steps=2, clip=1e9, decay_steps=10), 12)
+  np.testing.assert_allclose(held[2:], 1.0, atol=1e-5)
+  np.testing.assert_allclose(decayed[:3], [0.0, 0.5, 1.0], atol=1e-5)
+  assert np.all(np.diff(decayed[2:11]) < 0)
+  np.testing.assert_allclose(decayed[10:], 0.1, atol=1e-5)
+  target = init_model(small_config(), seed=0)
+  keys = {n: warmup.warmup_key(target, PROMPTS, PARAMS, DrafterConfig(),
+                               DrafterTrainConfig(decay_steps=n), WCFG) for n in (0, 400)}
+  assert keys[0] != keys[400]

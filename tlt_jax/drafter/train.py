@@ -22,16 +22,20 @@ from tlt_jax.models.transformer import token_state, token_view
 
 @dataclasses.dataclass(frozen=True)
 class DrafterTrainConfig:
-  """The drafter's optimizer: AdamW (b2 0.95) after clipping, with a linear warm-up."""
+  """The drafter's optimizer: AdamW (b2 0.95) after clipping, with a linear warm-up.
+  `decay_steps`: a training of known length (the offline warm-up) decays the rate by a cosine to
+  a tenth at that step; 0 (the spot trainer, which has no end) keeps it constant."""
 
   lr: float = 3e-4
   warmup_steps: int = 20
   weight_decay: float = 1e-2
   clip: float = 1.0
+  decay_steps: int = 0
 
   def optimizer(self) -> optax.GradientTransformation:
     """AdamW with these settings."""
     return optim.adamw(self.lr, warmup_steps=self.warmup_steps, b2=0.95,
+                       total_steps=self.decay_steps or None,
                        weight_decay=self.weight_decay, clip=self.clip)
 
 

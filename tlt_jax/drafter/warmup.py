@@ -202,6 +202,7 @@ def load_any_drafter(directory: str, target) -> tuple[Drafter, dict]:
 # their defaults, so that the keys of drafters trained without them stay the same.
 _LATER_FIELDS = {"label_temperature": 1.0, "tv_weight": 0.0, "accept_weighting": False}
 _LATER_WARMUP_FIELDS = {"prompt_loss": True}
+_LATER_TRAIN_FIELDS = {"decay_steps": 0}
 
 
 def _later(fields: dict, later: dict) -> dict:
@@ -214,7 +215,7 @@ def warmup_key(target, prompts, params: SamplingParams, dcfg: DrafterConfig,
   """The drafter's cache key: the target's weights, the warm-up settings and its prompts."""
   return content_digest([PARAM_LAYOUT, target_fingerprint(target),
                          _later(dataclasses.asdict(dcfg), _LATER_FIELDS),
-                         dataclasses.asdict(tcfg),
+                         _later(dataclasses.asdict(tcfg), _LATER_TRAIN_FIELDS),
                          _later(dataclasses.asdict(wcfg), _LATER_WARMUP_FIELDS), repr(params),
                          [list(map(int, p)) for p in prompts]])
 
