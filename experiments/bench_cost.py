@@ -1,6 +1,7 @@
 """Prints c(B, T) for a model, the draft-step cost of an EAGLE drafter for it (full and restricted
-draft vocabulary), the machine's floors, and what speculation must accept to reach the target
-speedup at each batch and depth (`cost.speculation_bound`); last line one JSON object.
+draft vocabulary) and the suffix proposer's work per step, the machine's floors, and what
+speculation must accept to reach the target speedup at each batch and depth
+(`cost.speculation_bound`); last line one JSON object.
 
   python -m experiments.bench_cost --config=experiments/configs/bench_cost.py:smollm2
 """
@@ -14,7 +15,8 @@ from experiments import launch
 from tlt_jax.models.pretrained import load_policy
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from experiments.benchmarks.cost import (cost_table, drafter_cost_table, machine_floors,
-                                  matmul_only_cost, param_bytes, speculation_bound)
+                                         matmul_only_cost, param_bytes, speculation_bound,
+                                         suffix_cost_table)
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_cost.py")
 
@@ -64,6 +66,15 @@ def main(argv):
     print("   B    T        ms   target c(B,1) in the same rounds   share")
     for r in rows:
       print(f"{r['B']:4d} {r['T']:4d} {r['ms']:9.3f} {r['target_ms']:34.3f} {r['share']:7.3f}")
+  # The model-free proposer's work per step (the suffix arm's match, drafts and history update
+  # over its corpus, prompt and response), against the decode step of the same rounds.
+  suffix = suffix_cost_table(model, c.batches, c.suffix_depth, c.suffix_ngram,
+                             c.corpus_len + c.cache_len, c.cache_len, c.iters)
+  print(f"suffix proposal, depth {c.suffix_depth}, n-gram {c.suffix_ngram}, history "
+        f"{c.corpus_len + c.cache_len} tokens:")
+  print("   B        ms   target c(B,1) in the same rounds   share")
+  for r in suffix:
+    print(f"{r['B']:4d} {r['ms']:9.4f} {r['target_ms']:34.3f} {r['share']:7.4f}")
   # What a chain must accept to reach the target speedup, with the cheapest drafter measured
   # above (a chain's draft step feeds one input per row; its share of c(B, 1) from the rounds
   # that alternated it with the target's step) and with a model-free proposer.
@@ -80,7 +91,7 @@ def main(argv):
   print(json.dumps({"model": c.model, "weight_bytes": weights, **floors,
                     "floor_ms_b1": round(floor_ms, 3), "table": table,
                     "matmul_only_ms": matmul_only, "matmul_only_separate_ms": separate,
-                    "drafter": drafter_tables, "speculation_bound": bound}))
+                    "drafter": drafter_tables, "suffix": suffix, "speculation_bound": bound}))
 
 
 def cost_drafter(model, vocab: int):

@@ -66,6 +66,10 @@ def test_bench_cost_small():
   # Draft steps timed beside the target's step: the share is their ratio.
   for r in [r for rows in out["drafter"].values() for r in rows]:
     assert r["share"] > 0 and r["share"] == pytest.approx(r["ms"] / r["target_ms"], rel=0.02)
+  # So is the suffix proposer's work, over its corpus, prompt and response.
+  assert [(r["B"], r["history"]) for r in out["suffix"]] == [(1, 320), (2, 320)]
+  for r in out["suffix"]:
+    assert r["share"] > 0 and r["share"] == pytest.approx(r["ms"] / r["target_ms"], rel=0.05)
 
 
 def test_bench_spec_small(tmp_path):

@@ -12,6 +12,7 @@ import numpy as np
 from flax import nnx
 
 from tlt_jax.drafter.costs import alternating_times, call_times, drafter_step_runner, step_runner
+from tlt_jax.spec.suffix import SuffixProposer, suffix_propose
 
 
 def _median_time(fn, iters: int) -> float:
@@ -202,4 +203,42 @@ def drafter_cost_table(target, drafter, batches, tokens, cache_len: int, iters: 
       d = float(np.min(times[t]))
       rows.append({"B": b, "T": t, "ms": round(1e3 * d, 3), "target_ms": round(1e3 * target_s, 3),
                    "share": round(d / target_s, 3)})
+  return rows
+
+
+def suffix_runner(batch: int, depth: int, ngram: int, history_len: int):
+  """A call of the suffix proposer's work in one speculative step, compiled once: the match of
+  each row's last `ngram` tokens over a `history_len`-token history filled half-way (its
+  comparisons do not depend on the tokens), the `depth` drafts, and the history's update with
+  the kept tokens."""
+  proposer = SuffixProposer()
+  rng = np.random.default_rng(0)
+  hist_BxH = jnp.asarray(rng.integers(0, 64, (batch, history_len)), jnp.int32)
+  len_B = jnp.full((batch,), history_len // 2, jnp.int32)
+
+  @jax.jit
+  def step(hist_BxH, len_B):
+    drafts_BxK = suffix_propose(hist_BxH, len_B, depth, ngram)
+    h = proposer.after_emit(proposer.start(hist_BxH, len_B), drafts_BxK,
+                            jnp.full((batch,), depth + 1, jnp.int32))
+    return drafts_BxK, h.tokens_BxH
+
+  return lambda: step(hist_BxH, len_B)
+
+
+def suffix_cost_table(target, batches, depth: int, ngram: int, history_len: int,
+                      cache_len: int, iters: int = 10, rounds: int = 3) -> list[dict]:
+  """The suffix proposer's work per speculative step (`suffix_runner`) at each batch, timed in
+  alternating rounds with the target's decode step at that batch: milliseconds (fastest call)
+  and `share`, its fraction of c(B, 1); `speculation_bound`'s model-free proposer prices it 0."""
+  rows = []
+  for b in batches:
+    runners = {"suffix": suffix_runner(b, depth, ngram, history_len),
+               "target": step_runner(target, b, 1, cache_len)}
+    times = alternating_times(runners, rounds, iters)
+    del runners
+    s, target_s = float(np.min(times["suffix"])), float(np.min(times["target"]))
+    rows.append({"B": b, "depth": depth, "ngram": ngram, "history": history_len,
+                 "ms": round(1e3 * s, 4), "target_ms": round(1e3 * target_s, 3),
+                 "share": round(s / target_s, 4)})
   return rows

@@ -20,6 +20,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.drafter_vocabs = (0,)          # 0: the full vocabulary; else a restricted draft vocabulary
   c.drafter_tokens = (1, 4)        # inputs per row of a draft step (a tree level feeds several)
   c.target_speedup = 1.8           # what speculation_bound asks of a chain (the SD target)
+  c.suffix_depth, c.suffix_ngram = 3, 3  # the suffix arm priced (`suffix_d3_n3`)
+  c.corpus_len = 256               # the suffix history's corpus before prompt and response
   if variant == "smollm2":
     c.drafter_vocabs = (0, 4096)
     c.drafter_tokens = (1, 5, 9)
