@@ -8,7 +8,9 @@ With --ship=NAME the drafter's weights are also written into the package
 (tlt_jax/assets/drafters/NAME, with its key and this command), where every later warm-up with the
 same key finds them and `--drafter=NAME` names them. Beside the acceptance it reports the training
 metrics teacher-forced on new rollouts of those prompts (`tf_*`: a validation set), and
-`--eval_side=train` measures both on the warm-up's own prompts instead (new samples).
+`--eval_side=train` measures both on the warm-up's own prompts instead (new samples), and the
+teacher-forced metrics on the very sequences it trained on (`tf_*_trained`: against the held-out
+ones, what more rollouts could gain).
 """
 
 import dataclasses
@@ -69,11 +71,16 @@ def main(argv):
   # seed than the warm-up's): the training metrics, held out.
   data = warmup_data(w.model, eval_prompts, w.params, recipe.warmup, w.tokenizer.pad_id,
                      wc.cache_dir or default_cache_dir(), seed=recipe.warmup.seed + 1)
-  tf = teacher_forced_metrics(drafter, w.model, data, recipe.warmup.batch_rows)
+  tf = {f"tf_{k}_{side}": v
+        for k, v in teacher_forced_metrics(drafter, w.model, data, recipe.warmup.batch_rows).items()}
+  if _EVAL_SIDE.value == "train":  # and on the very sequences it trained on (cached)
+    trained = warmup_data(w.model, w.prompts, w.params, recipe.warmup, w.tokenizer.pad_id,
+                          wc.cache_dir or default_cache_dir())
+    tf.update({f"tf_{k}_trained": v for k, v in teacher_forced_metrics(
+        drafter, w.model, trained, recipe.warmup.batch_rows).items()})
   train = {k: meta[k] for k in sorted(meta) if k.startswith(("top1_agreement", "total_variation"))}
   print(json.dumps({"cache": meta["cache"], **{f"{k}_train": v for k, v in train.items()},
-                    "loss": meta.get("loss"), "seconds": meta.get("seconds"), **accept,
-                    **{f"tf_{k}_{side}": v for k, v in tf.items()}}))
+                    "loss": meta.get("loss"), "seconds": meta.get("seconds"), **accept, **tf}))
 
 
 if __name__ == "__main__":

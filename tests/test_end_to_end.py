@@ -204,3 +204,5 @@ def test_drafter_warmup_small_smollm2(tmp_path):
                                "--config=experiments/configs/drafter_smollm2.py:small",
                                f"--config.cache_dir={tmp_path}", "--eval_side=train"))
   assert train["cache"] == out["cache"] and train["accept_len_greedy_train_prompts"] >= 1.0
+  # And teacher-forced on the very sequences it trained on.
+  assert 0 <= train["tf_total_variation_trained"] <= 1 and "tf_top1_agreement_d3_trained" in train
