@@ -69,15 +69,16 @@ def main(argv):
     accept[f"accept_len_{name}_{side}"] = round(engine.spec.accept_len(), 3)
   # Teacher-forced on new rollouts of the same prompts (`recipe.warmup.group_size` each, another
   # seed than the warm-up's): the training metrics, held out.
+  cache_root, rows = wc.cache_dir or default_cache_dir(), recipe.warmup.batch_rows
   data = warmup_data(w.model, eval_prompts, w.params, recipe.warmup, w.tokenizer.pad_id,
-                     wc.cache_dir or default_cache_dir(), seed=recipe.warmup.seed + 1)
+                     cache_root, seed=recipe.warmup.seed + 1)
   tf = {f"tf_{k}_{side}": v
-        for k, v in teacher_forced_metrics(drafter, w.model, data, recipe.warmup.batch_rows).items()}
+        for k, v in teacher_forced_metrics(drafter, w.model, data, rows).items()}
   if _EVAL_SIDE.value == "train":  # and on the very sequences it trained on (cached)
     trained = warmup_data(w.model, w.prompts, w.params, recipe.warmup, w.tokenizer.pad_id,
-                          wc.cache_dir or default_cache_dir())
-    tf.update({f"tf_{k}_trained": v for k, v in teacher_forced_metrics(
-        drafter, w.model, trained, recipe.warmup.batch_rows).items()})
+                          cache_root)
+    tf.update({f"tf_{k}_trained": v
+               for k, v in teacher_forced_metrics(drafter, w.model, trained, rows).items()})
   train = {k: meta[k] for k in sorted(meta) if k.startswith(("top1_agreement", "total_variation"))}
   print(json.dumps({"cache": meta["cache"], **{f"{k}_train": v for k, v in train.items()},
                     "loss": meta.get("loss"), "seconds": meta.get("seconds"), **accept, **tf}))
