@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from tests.conftest import small_config
+from tests.test_optim import _step_sizes
 from tlt_jax.drafter import warmup, warmup_data
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.drafter.proposer import EagleProposer
@@ -152,18 +153,9 @@ def test_without_the_prompt_loss_the_drafter_trains_on_the_positions_it_drafts(t
 def test_a_warm_up_of_known_length_decays_its_rate_and_keys_apart():
   """`decay_steps` decays the drafter's rate by a cosine to a tenth at that step (0 holds it, as
   the spot trainer needs); a decayed recipe is another drafter, so another cache key."""
-  params, grads = {"w": jnp.zeros(3)}, {"w": jnp.ones(3)}
-
-  def step_sizes(tcfg, steps):  # Adam's normalised step for a constant gradient is the rate
-    opt = tcfg.optimizer()
-    state, sizes = opt.init(params), []
-    for _ in range(steps):
-      upd, state = opt.update(grads, state, params)
-      sizes.append(float(jnp.abs(upd["w"][0])))
-    return np.array(sizes)
-
-  held = step_sizes(DrafterTrainConfig(lr=1.0, warmup_steps=2, clip=1e9), 12)
-  decayed = step_sizes(DrafterTrainConfig(lr=1.0, warmup_steps=2, clip=1e9, decay_steps=10), 12)
+  held = _step_sizes(DrafterTrainConfig(lr=1.0, warmup_steps=2, clip=1e9).optimizer(), 12)
+  decayed = _step_sizes(
+      DrafterTrainConfig(lr=1.0, warmup_steps=2, clip=1e9, decay_steps=10).optimizer(), 12)
   np.testing.assert_allclose(held[2:], 1.0, atol=1e-5)
   np.testing.assert_allclose(decayed[:3], [0.0, 0.5, 1.0], atol=1e-5)
   assert np.all(np.diff(decayed[2:11]) < 0)
