@@ -100,6 +100,28 @@ def test_held_out_metrics_are_the_training_step_s_at_the_drafted_positions(tmp_p
   assert held_out == pytest.approx({k: round(v, 4) for k, v in step.items()}, abs=1e-4)
 
 
+def test_held_out_metrics_give_the_target_s_mass_inside_a_restricted_draft_vocabulary(tmp_path):
+  """The bound a restricted vocabulary puts on acceptance: the target's probability (at the
+  label temperature) on those tokens where depth 1 is scored, computed here with numpy."""
+  target = init_model(small_config(), seed=0)
+  data = warmup_data.WarmupData(str(tmp_path), target, "t", PROMPTS, PARAMS, 2, 12, 0, 0)
+  toks, mask = data.sequences()
+  ids = (0, 3, 7, 11, 20, 31, 44)
+  drafter = init_drafter(target.cfg, DrafterConfig(draft_vocab=len(ids), vocab_ids=ids,
+                                                   label_temperature=0.7), seed=1)
+  held_out = warmup.teacher_forced_metrics(drafter, target, data, batch_rows=6, progress=False)
+  _, hidden = data.features(toks, drafter.cfg, progress=False)
+  logits = np.asarray(target.head(jnp.asarray(hidden)), np.float64) / 0.7
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  mass = (p[..., list(ids)].sum(-1) / p.sum(-1))[:, 1:]  # index t is scored at t + 1
+  drafted = data.drafted(mask)
+  m = drafted[:, :-1] * drafted[:, 1:]
+  assert 0 < held_out["draft_vocab_mass"] < 1
+  assert held_out["draft_vocab_mass"] == pytest.approx((mass * m).sum() / m.sum(), abs=1e-4)
+  whole = init_drafter(target.cfg, DrafterConfig(), seed=1)  # no restriction, no bound to report
+  assert "draft_vocab_mass" not in warmup.teacher_forced_metrics(whole, target, data, 6, False)
+
+
 def test_the_prefill_gives_the_drafter_the_prompt_to_attend_to():
   """Why drafted positions are scored with the prompts kept as context: the engine's prefill
   (`EagleProposer.prefill`) fills the drafter's cache with the prompt's pairs, positions 0 ..

@@ -1,7 +1,8 @@
 """The drafter's loss: TLT's SmoothL1 between the drafter's output and the target's next hidden
 state, plus a soft cross-entropy of the drafter's distribution against the target's (both through
 the target's own head, over the drafter's vocabulary, at the rollout's temperature), optionally
-their total-variation distance and EAGLE-3's training-time test over several draft depths."""
+their total-variation distance and EAGLE-3's training-time test over several draft depths; and
+the target's probability inside a restricted draft vocabulary, which bounds any draft's acceptance."""
 
 from __future__ import annotations
 
@@ -82,3 +83,15 @@ def drafter_loss(drafter: Drafter, target, tokens_BxL, feats_BxLxF, hidden_BxLxD
       metrics.update({f"top1_agreement_d{j}": top1, f"total_variation_d{j}": tv})
   loss = total / weights
   return loss, {"loss": loss, **metrics}
+
+
+def draft_vocab_mass(drafter: Drafter, target, hidden_BxLxD, mask_BxL) -> jax.Array:
+  """The probability the target (at `label_temperature`, over its whole vocabulary) puts inside
+  the drafter's restricted vocabulary where depth 1 is scored, averaged over those positions. It
+  bounds the acceptance of a draft from that vocabulary: the `rejection` rule accepts with
+  probability sum_R min(p, q) <= sum_R p, whatever the drafter learns."""
+  logp_BxLxV = jax.nn.log_softmax(
+      target.head(hidden_BxLxD) / drafter.cfg.label_temperature, axis=-1)
+  mass_BxT = _ahead(jnp.exp(jax.nn.logsumexp(drafter.of_vocab(logp_BxLxV), axis=-1)), 1)
+  m = mask_BxL[:, :-1].astype(jnp.float32) * _ahead(mask_BxL.astype(jnp.float32), 1)
+  return jnp.sum(mass_BxT * m) / jnp.maximum(m.sum(), 1.0)

@@ -15,7 +15,7 @@ import optax
 from flax import nnx
 
 from tlt_jax import optim
-from tlt_jax.drafter.losses import drafter_loss
+from tlt_jax.drafter.losses import draft_vocab_mass, drafter_loss
 from tlt_jax.drafter.model import Drafter, target_features
 from tlt_jax.models.transformer import token_state, token_view
 
@@ -74,8 +74,11 @@ class DrafterTrainer:
 
     @jax.jit
     def evaluate(params, target_params, tokens, feats, hidden, mask):
-      tgt = nnx.merge(target_graphdef, target_params)
-      return drafter_loss(nnx.merge(graphdef, params), tgt, tokens, feats, hidden, mask)[1]
+      tgt, drafter = nnx.merge(target_graphdef, target_params), nnx.merge(graphdef, params)
+      metrics = drafter_loss(drafter, tgt, tokens, feats, hidden, mask)[1]
+      if drafter.restricted:  # a full head: for held-out metrics, not every training step
+        metrics["draft_vocab_mass"] = draft_vocab_mass(drafter, tgt, hidden, mask)
+      return metrics
 
     self.evaluate_fn = evaluate
 
@@ -103,7 +106,8 @@ class DrafterTrainer:
     return {k: float(v) for k, v in metrics.items()}
 
   def metrics(self, tokens, feats, hidden, mask) -> dict:
-    """The training step's metrics on a batch, without an update (a held-out batch)."""
+    """The training step's metrics on a batch, without an update (a held-out batch); with a
+    restricted draft vocabulary also the target's mass inside it (`draft_vocab_mass`)."""
     metrics = self.evaluate_fn(self.params, self.target_params, tokens, feats, hidden, mask)
     return {k: float(v) for k, v in metrics.items()}
 
