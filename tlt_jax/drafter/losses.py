@@ -2,7 +2,7 @@
 state, plus a soft cross-entropy of the drafter's distribution against the target's (both through
 the target's own head, over the drafter's vocabulary, at the rollout's temperature), optionally
 their total-variation distance and EAGLE-3's training-time test over several draft depths; and
-the target's probability inside a restricted draft vocabulary, which bounds any draft's acceptance."""
+the target's probability inside a restricted draft vocabulary, which bounds a draft's acceptance."""
 
 from __future__ import annotations
 
