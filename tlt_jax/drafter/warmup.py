@@ -115,13 +115,24 @@ def save_drafter(drafter: Drafter, directory: str, meta: dict) -> None:
                               "meta": json.dumps(meta, default=str)})
 
 
+# A target's precision policy is not its identity: a policy run in bf16 drafts with the drafter of
+# its float32 self (`target_fingerprint` keys them alike).
+_PRECISION_FIELDS = ("dtype", "param_dtype")
+
+
 def _drafter_config(configs: dict, target, where: str) -> DrafterConfig:
-  """The drafter config saved in `configs`, after checking it was made for `target`."""
-  same = lambda d: {**{k: v for k, v in d.items() if not (k == "llama3_rope" and v is None)},
+  """The drafter config saved in `configs`, after checking it was made for `target` (whatever
+  the precision either runs in)."""
+  same = lambda d: {**{k: v for k, v in d.items()
+                       if not (k == "llama3_rope" and v is None) and k not in _PRECISION_FIELDS},
                     "head_dim": d.get("head_dim") or d["d_model"] // d["n_heads"]}
   if configs.get("target_config") and same(configs["target_config"]) != same(target.cfg.to_dict()):
     raise ValueError(f"The drafter in {where} was made for another target "
                      f"({configs['target_config']}); warm up one for this policy.")
+  return _config_from(configs)
+
+
+def _config_from(configs: dict) -> DrafterConfig:
   return DrafterConfig(**{k: tuple(v) if isinstance(v, list) else v
                           for k, v in configs.get("drafter_config", {}).items()})
 
@@ -189,6 +200,18 @@ def resolve_drafter(name_or_dir: str, root: str = SHIPPED_ROOT) -> str:
     return os.path.join(root, name_or_dir)
   raise FileNotFoundError(f"No drafter {name_or_dir!r}: give an artifact directory or one of the "
                           f"shipped names {sorted(shipped_drafters(root))}.")
+
+
+def drafter_artifact_config(directory: str) -> DrafterConfig:
+  """The architecture of the drafter saved in `directory` (shipped or cached), read from its
+  weights file's metadata without loading the weights."""
+  path = os.path.join(directory, WEIGHTS)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{directory} holds no drafter ({WEIGHTS} is missing); give a "
+                            "drafter artifact directory or a shipped drafter's name.")
+  with safe_open(path, framework="numpy") as f:
+    configs = json.loads((f.metadata() or {}).get("configs", "{}"))
+  return _config_from(configs)
 
 
 def load_any_drafter(directory: str, target) -> tuple[Drafter, dict]:

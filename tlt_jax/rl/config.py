@@ -111,11 +111,13 @@ def run_config(c: ml_collections.ConfigDict, other_keys=()) -> RunConfig:
   spec = spec_config_from_dict(c.spec) if c.get("spec") else None
   replay = replay_config(c.rollout, spec)
   drafter_section = check_keys(c.get("drafter"), "drafter",
-                               ("model", "train", "warmup", "warmup_prompts", "adaptive"))
+                               ("model", "train", "warmup", "warmup_prompts", "init_from",
+                                "adaptive"))
   uses_drafter = spec is not None and any(a.uses_drafter for a in spec.arms)
   if uses_drafter and not drafter_section:
     raise ConfigError("config.drafter: an ('eagle', ...) or ('tree', ...) arm drafts with the "
-                      "warm-up drafter; give its recipe (model, train, warmup, warmup_prompts).")
+                      "warm-up drafter; give its recipe (model, train, warmup, warmup_prompts) or "
+                      "config.drafter.init_from (a shipped drafter's name or a directory).")
   recipe = drafter_recipe(drafter_section, ("adaptive",)) if uses_drafter else None
   adaptive = None
   if drafter_section.get("adaptive"):
