@@ -16,7 +16,8 @@ from tlt_jax.drafter.buffer import BufferConfig, DataBuffer
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.drafter.proposer import EagleProposer
 from tlt_jax.drafter.publish import DrafterPublisher, PublishConfig, chain_accept_len
-from tlt_jax.drafter.spot import SpotConfig, SpotTrainer
+from tlt_jax.drafter import spot as spot_module
+from tlt_jax.drafter.spot import SpotConfig, SpotTrainer, StepRecord
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
 from tlt_jax.drafter.warmup import load_drafter
 from tlt_jax.models.pretrained import load_pretrained
@@ -196,6 +197,32 @@ def test_preempt_and_resume_equals_an_uninterrupted_run(sd_rollout):
                   jax.tree.leaves((straight.trainer.params, straight.trainer.opt_state))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert straight.log[-1].loss < straight.log[0].loss
+
+
+def test_a_one_device_budget_is_never_overrun_by_a_step_it_could_see_coming(sd_rollout,
+                                                                            monkeypatch):
+  """`train_for` takes a step only while one as long as the last ends within the budget (steps
+  of 1 s on a fake clock): the run's first step is taken to learn its length, a budget shorter
+  than a step then takes none, 3.5 s take 3; `budget_share` adds that share of the rollout's
+  seconds."""
+  target, _, prompts, res, _ = sd_rollout
+  buf = DataBuffer(BufferConfig(max_tokens=10_000), target.cfg.d_model)
+  buf.add_rollout(prompts, 2, res, 0, 0)
+  spot = _spot(target, buf)
+  clock = [0.0]
+
+  def one_step(device):
+    del device
+    clock[0] += 1.0
+    spot.log.append(StepRecord(0, clock[0] - 1.0, clock[0], 0.0, 0.0))
+
+  monkeypatch.setattr(spot_module.time, "perf_counter", lambda: clock[0])
+  monkeypatch.setattr(spot, "_one_step", one_step)
+  assert spot.train_for(0.5) == 1 and spot.train_for(0.5) == 0
+  assert spot.train_for(3.5) == 3 and clock[0] == 4.0
+  assert SpotConfig(budget_s=0.5, budget_share=0.1).budget(20.0) == pytest.approx(2.5)
+  with pytest.raises(ValueError, match="budget_share"):
+    SpotConfig(budget_share=1.5)
 
 
 def test_idle_windows_on_two_devices_train_replicas_that_merge_into_their_mean():

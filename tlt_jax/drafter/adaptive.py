@@ -115,7 +115,7 @@ class AdaptiveDrafter:
     t0 = time.perf_counter()
     self.spot.preempt()
     preempt_s = time.perf_counter() - t0
-    budget_steps = self.spot.train_for(self.cfg.spot.budget_s)
+    budget_steps = self.spot.train_for(self.cfg.spot.budget(result.timeline.wall_s))
     if jax.process_count() > 1:
       self.spot.trainer.load_state(distributed.mean_replicas(self.spot.trainer.state()))
     # The new rows enter the buffer after the candidate's last step: they are held back.

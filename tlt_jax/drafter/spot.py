@@ -6,7 +6,8 @@ Every idle device trains at once: each window trains its own replica of the draf
 at the rollout's start), and `preempt` merges the replicas, the mean of their weights and
 optimizer moments (one window: its state as it is). With one device there is no idle window
 inside a rollout; the trainer then gives the drafter a configured budget of seconds between the
-rollout and the policy update (`train_for`).
+rollout and the policy update (`train_for`): `budget_s` seconds plus `budget_share` of the
+rollout's.
 
 Batches are addressed by the drafter's step count and the window's index among those open at
 once (`seed`, step[, index]): a run preempted and resumed takes the same steps on the same data as
@@ -35,14 +36,20 @@ class SpotConfig:
   batch_rows: int = 16
   seq_len: int = 128            # positions per training row (longer segments: a random window)
   budget_s: float = 0.0         # between phases (one device): seconds of training per RL step
+  budget_share: float = 0.0     # ... plus this share of the step's rollout seconds
   max_steps_per_window: int = 0  # 0: until preempted
   min_segments: int = 8         # train only once the buffer holds this many segments
   seed: int = 0
 
   def __post_init__(self):
-    if self.batch_rows < 1 or self.seq_len < 2 or self.budget_s < 0:
-      raise ValueError(f"SpotConfig needs batch_rows >= 1, seq_len >= 2, budget_s >= 0; got "
-                       f"{self}.")
+    if (self.batch_rows < 1 or self.seq_len < 2 or self.budget_s < 0
+        or not 0 <= self.budget_share <= 1):
+      raise ValueError(f"SpotConfig needs batch_rows >= 1, seq_len >= 2, budget_s >= 0, "
+                       f"0 <= budget_share <= 1; got {self}.")
+
+  def budget(self, rollout_s: float) -> float:
+    """Seconds of one-device training after a rollout of `rollout_s` seconds."""
+    return self.budget_s + self.budget_share * rollout_s
 
 
 @dataclasses.dataclass
@@ -134,15 +141,17 @@ class SpotTrainer:
     return n
 
   def train_for(self, seconds: float, device=None) -> int:
-    """Steps until `seconds` have passed (one-device mode: the budget between phases)."""
+    """Steps while the next, as long as the last one took, ends within `seconds` (one-device
+    mode: the budget between phases); the first step of a run is taken to learn its length."""
     if seconds <= 0 or not self.ready:
       return 0
     device = device or jax.local_devices()[0]
     deadline, done = time.perf_counter() + seconds, 0
-    while time.perf_counter() < deadline:
+    while True:
+      if self.log and time.perf_counter() + self.log[-1].end - self.log[-1].start > deadline:
+        return done
       self._one_step(device)
       done += 1
-    return done
 
   def start(self, device, target_params=None) -> bool:
     """Begins training a replica on `device` in the background (its idle window opened) against
