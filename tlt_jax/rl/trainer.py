@@ -286,6 +286,7 @@ class Trainer:
         "rollout/replay_fraction": summary["replay_fraction"],
         "spec/accept_len": summary.get("spec", {}).get("accept_len", 0.0),
         "spec/sd_on_fraction": summary["sd_on_fraction"],
+        **{f"spec/steps/{arm}": n for arm, n in summary["spec_steps_per_arm"].items()},
         "drafter/version": self.engine.weights.drafter_version,
         **{f"train/{k}": v for k, v in (metrics | select_metrics).items()},
         "train/logprob_mismatch_max": mismatch,

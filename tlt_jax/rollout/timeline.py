@@ -53,16 +53,21 @@ class Timeline:
     self.shard_end = [wall_s if e is None else e for e in self.shard_end]
 
   def summary(self) -> dict:
-    """Tokens per second, steps, decode and speculative time, time per bucket, idle time per
-    shard, the SD-on fraction, the share of tokens replayed and the compiles of the call."""
+    """Tokens per second, steps, decode and speculative time, time per bucket, speculative steps
+    per arm, idle time per shard, the SD-on fraction, the share of tokens replayed and the
+    compiles of the call."""
     per_bucket: dict[int, float] = {}
+    per_arm: dict[str, int] = {}
     steps, spec_s, decode_s = 0, 0.0, 0.0
     for e in self.events:
       if e.kind in ("decode", "replay") or e.kind.startswith("spec"):
         per_bucket[e.bucket] = per_bucket.get(e.bucket, 0.0) + (e.end - e.start)
         steps += e.steps
         decode_s += e.end - e.start
-        spec_s += (e.end - e.start) if e.kind.startswith("spec") else 0.0
+      if e.kind.startswith("spec"):
+        spec_s += e.end - e.start
+        arm = e.kind.split(":", 1)[-1]
+        per_arm[arm] = per_arm.get(arm, 0) + e.steps
     return {
         "wall_s": round(self.wall_s, 4),
         "tokens": self.tokens,
@@ -73,6 +78,7 @@ class Timeline:
                             if self.tokens else 0.0),
         "sd_on_fraction": round(spec_s / decode_s, 4) if decode_s else 0.0,
         "decode_steps_max": steps,
+        "spec_steps_per_arm": per_arm,  # speculative steps dispatched with each arm
         "time_per_bucket_s": {str(k): round(v, 4) for k, v in sorted(per_bucket.items())},
         "shard_idle_s": [round(self.wall_s - end, 4) for end in self.shard_end],
         "compile_events": self.compile_events,
