@@ -215,6 +215,8 @@ def smollm2_run(name: str, small: bool = False) -> CD:
   c.rollout.max_new_tokens = 8 if small else 128
   # The engine's default batch buckets (up to 64 rows: 8 prompts x 8), SmolLM2's prefill buckets.
   c.rollout.engine = CD(dict(prefill_buckets=c.rollout.engine.prefill_buckets))
+  if small:  # 4 rows: two batch buckets (each is programs to build)
+    c.rollout.engine.update(dict(batch_buckets=(2, 4), max_batch=4))
   c.spec = CD()     # empty: no speculative decoding
   c.drafter = CD()  # empty: no drafter
   c.rl = rl(warmup_steps=1)  # lr: the default, 1e-5
