@@ -6,7 +6,8 @@ export PYTHONUNBUFFERED := 1
 # Test workers (pytest-xdist): most tests compile or dispatch on one core, so two share the machine.
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow test-gpu install smollm2 warmstart pictures clean-cache bench-gpu wheels
+.PHONY: demo test test-slow test-gpu install smollm2 warmstart pictures clean-cache bench-gpu wheels \
+	gpu-bundle gpu-proof
 
 $(VENV)/.base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,7 +43,7 @@ test-slow: $(VENV)/.test $(VENV)/.smollm2
 # `-m gpu` selects them anywhere, and without a GPU they skip, saying why). Without an NVIDIA GPU
 # it stops before installing anything.
 NEED_GPU = @nvidia-smi -L >/dev/null 2>&1 || { echo "make $@ needs an NVIDIA GPU and nvidia-smi \
-	finds none; in a CUDA container without a network run python -m experiments.bench_gpu."; exit 2; }
+	finds none; in a CUDA container without a network run its python -m command (docs/GPU.md)."; exit 2; }
 
 test-gpu:
 	$(NEED_GPU)
@@ -62,6 +63,16 @@ bench-gpu:
 # what the box's Python lacks from there.
 wheels: $(VENV)/.base
 	$(PY) -m experiments.wheels
+
+# What a bare GPU box without a network lacks for the GPU proof (wheels, SmolLM2's GGUF in parts
+# that each travel in one call): .cache/gpu_bundle (docs/GPU.md).
+gpu-bundle: $(VENV)/.smollm2
+	$(PY) -m experiments.gpu_bundle
+
+# The GPU proof (docs/GPU.md): on a GPU box, from the bundle; figures under runs/gpu_proof.
+gpu-proof:
+	$(NEED_GPU)
+	python3 -m experiments.gpu_proof
 
 # Re-make what the package ships (not run by CI): the `tiny` warm start, then the demo's warm-up
 # drafter, trained on that policy's rollouts.

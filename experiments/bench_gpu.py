@@ -24,9 +24,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from experiments import launch  # noqa: E402
 from experiments.benchmarks import gpu  # noqa: E402
-from tlt_jax.drafter.warmup import load_drafter  # noqa: E402
 from tlt_jax.errors import ConfigError  # noqa: E402
-from tlt_jax.workloads import build_workload, workload_config  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_gpu.py")
 
@@ -69,7 +67,7 @@ def main(argv):
                             "engine_step_ms": {x["rows"]: x["step_ms"] for x in v["rollout"]},
                             "sd_greedy_identical": v["spec"]["identical"]}
                         for k, v in results.items()}}
-  if c.smollm2_drafter_dir:
+  if c.smollm2_drafter:
     summary["smollm2_acceptance"] = smollm2_acceptance(c)
     write("smollm2_acceptance", summary["smollm2_acceptance"])
   table = gpu.markdown(results, device.device_kind, c.dtype, c.attention)
@@ -83,9 +81,8 @@ def main(argv):
 
 
 def smollm2_acceptance(c) -> dict:
-  """SD acceptance of the saved SmolLM2 drafter on its word problems (`c.smollm2`)."""
-  w = build_workload(workload_config(c.smollm2), c.smollm2.num_prompts, c.smollm2.seed)
-  drafter, _ = load_drafter(c.smollm2_drafter_dir, w.model)
+  """SD acceptance of the SmolLM2 drafter on its word problems."""
+  w, drafter = gpu.smollm2_pair(c)
   return gpu.acceptance(w.model, drafter, w.prompts, c.smollm2.group_size, w.params, c.attention,
                         c.spec.depth, c.spec.repeats)
 

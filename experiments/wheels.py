@@ -87,13 +87,18 @@ def pure_closure(requirements: list[str]) -> list[tuple[str, str]]:
   return sorted(pure)
 
 
+def fetch(pins: list[str], dest: str) -> None:
+  """Downloads the wheels of `pins` ("name==version"), without their dependencies, into
+  `dest`."""
+  os.makedirs(dest, exist_ok=True)
+  subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                  "--only-binary=:all:", "-d", dest, *pins], check=True)
+
+
 def download(dest: str = WHEELS_DIR) -> list[str]:
   """Downloads the wheels of `pure_closure(project_requirements())`, at the installed versions,
   into `dest`; returns the files there."""
-  os.makedirs(dest, exist_ok=True)
-  pins = [f"{n}=={v}" for n, v in pure_closure(project_requirements())]
-  subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                  "--only-binary=:all:", "-d", dest, *pins], check=True)
+  fetch([f"{n}=={v}" for n, v in pure_closure(project_requirements())], dest)
   return sorted(os.listdir(dest))
 
 

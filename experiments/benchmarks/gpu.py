@@ -17,6 +17,7 @@ from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig, Strategy
+from tlt_jax.workloads import build_drafter, build_workload, drafter_recipe, workload_config
 
 GREEDY = dict(temperature=0.0, stop_tokens=())  # no stop token: every row runs its full length
 
@@ -98,6 +99,16 @@ def acceptance(model, drafter, prompts, group_size: int, params: SamplingParams,
                            repeats=repeats, drafter=drafter)
   return {k: out[k] for k in ("identical", "differing_rows", "accept_len", "rollout_speedup",
                               "sd_phase_speedup")}
+
+
+def smollm2_pair(c):
+  """SmolLM2's word-problem workload (`c.smollm2`) and the drafter `c.smollm2_drafter` (a
+  shipped drafter's name or an artifact directory), loaded in the workload's precision."""
+  wc = workload_config(c.smollm2)
+  w = build_workload(wc, c.smollm2.num_prompts, c.smollm2.seed)
+  drafter, _ = build_drafter(wc, drafter_recipe({"init_from": c.smollm2_drafter}),
+                             c.smollm2.seed, progress=False, policy=(w.model, w.tokenizer))
+  return w, drafter
 
 
 def markdown(results: dict, device: str, dtype: str, impl: str) -> str:

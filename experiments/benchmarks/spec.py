@@ -155,8 +155,8 @@ def sweep_costs(model, drafter, prompts, rows_list, spec: SpecConfig, max_new: i
 
 
 def arm_sweep(model, prompts, rows_list, params: SamplingParams, engine_cfg: EngineConfig,
-              spec: SpecConfig, key, pad_id=0, repeats=5, drafter=None, ignore_eos=False
-              ) -> list[dict]:
+              spec: SpecConfig, key, pad_id=0, repeats=5, drafter=None, ignore_eos=False,
+              costs=None) -> list[dict]:
   """Speed of each arm alone against plain decoding when a rollout starts at `rows` live rows
   (the first `rows` prompts, one sample each, speculating from the first step; no bandit, no
   fallback): the table of speedup against batch size that explains the chooser's picks.
@@ -168,16 +168,17 @@ def arm_sweep(model, prompts, rows_list, params: SamplingParams, engine_cfg: Eng
   accepted length is then also reported to each row's first stop token (`accept_len_to_eos`,
   from one more run that stops there). Otherwise speedups are `sd_speedup`'s.
 
-  Beside each cell: its prediction from the cost model measured in the same run (`sweep_costs`,
-  `spec.costs.CostTable.speedup` at the cell's fixed-length acceptance) and the step's parts:
+  Beside each cell: its prediction from the cost model measured in the same run (`costs`, else
+  `sweep_costs` now; `spec.costs.CostTable.speedup` at the cell's fixed-length acceptance) and
+  the step's parts:
   verify, draft steps and the drafter's following as the model prices them, the measured
   speculative and plain step, what the measured step holds beyond the model (`other_ms`), and
   host time per step between dispatches.
   """
   engine_cfg = same_cache(dataclasses.replace(engine_cfg, precompile=False), spec)
   timed = dataclasses.replace(params, stop_tokens=()) if ignore_eos else params
-  costs = sweep_costs(model, drafter, prompts, rows_list, spec, params.max_new_tokens,
-                      engine_cfg.cache_slack)
+  costs = costs or sweep_costs(model, drafter, prompts, rows_list, spec, params.max_new_tokens,
+                               engine_cfg.cache_slack)
   ms = lambda x: None if x is None else round(1e3 * x, 3)
   table = []
   for rows in rows_list:

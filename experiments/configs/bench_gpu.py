@@ -1,7 +1,7 @@
 """The GPU benchmark: c(B, T), the batch-1 step against the weight-read floor, the engine's rollout
 and speculative decoding, on random-initialised models of SmolLM2-135M's and Qwen2.5-1.5B's shapes
 (no model file needs to travel) in bf16 with the Pallas attention path; SD acceptance on the real
-SmolLM2 where it and a saved drafter are present (`smollm2_drafter_dir`).
+SmolLM2 where it is present, with `smollm2_drafter` (e.g. `smollm2`, the shipped one).
 
 Run on a GPU box (with a network `make bench-gpu` installs the `gpu` extra first):
   make bench-gpu
@@ -39,7 +39,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout = dict(rows=(2,) if small else (1, 8), prompt_len=16 if small else 128,
                    new_tokens=8 if small else 256)
   c.spec = dict(depth=3, rows=2 if small else 8, repeats=1 if small else 3)
-  c.smollm2_drafter_dir = ""    # a `drafter_warmup` artifact for SmolLM2: its acceptance too
+  c.smollm2_drafter = ""        # a SmolLM2 drafter (shipped name or directory): its acceptance
   c.smollm2 = base.smollm2_workload()  # bf16 compute over float32 master weights
   c.smollm2.model.compute_dtype = c.dtype
   c.smollm2.num_prompts = 8

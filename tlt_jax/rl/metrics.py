@@ -19,11 +19,11 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 
 from tensorboardX import SummaryWriter
 
+from tlt_jax.hashing import git_commit
 from tlt_jax.paths import as_path, is_remote, open_appending
 
 METRICS, EVALS, ROLLOUTS = "metrics.jsonl", "eval.jsonl", "rollouts.jsonl"
@@ -42,16 +42,7 @@ def write_run_record(out_dir: str, run_config) -> str:
       versions[name] = importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
       versions[name] = None
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  git = lambda *a: subprocess.run(["git", "-C", root, *a], capture_output=True, text=True,
-                                  timeout=10)
-  try:
-    head = git("rev-parse", "HEAD")
-    commit = head.stdout.strip() if head.returncode == 0 else None
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no").stdout.strip()) if commit \
-        else None
-  except (OSError, subprocess.SubprocessError):
-    commit = dirty = None
+  commit, dirty = git_commit()
   config = dataclasses.asdict(run_config)
   config["learner"] = {"name": run_config.learner.name, **config["learner"]}
   record = {"config": config, "versions": versions,

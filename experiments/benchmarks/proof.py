@@ -1,0 +1,295 @@
+"""The phases of `experiments.gpu_proof`, in order of value, each a function of the proof's
+context returning the phase's JSON:
+
+  a_costs       c(B, T) and d(B, T) of the cells `b_rollouts` prices its arms with
+  b_rollouts    plain against each SD arm, every row decoding the same length, at T = 0 and at the
+                rollout temperature under `coupled`, from each row count: tokens per second,
+                speedup, accepted length, the cost model's prediction from `a_costs`, the
+                fraction of rows equal to plain decoding
+  c_grpo        the GRPO baseline against the TLT run (same seed and schedule): rollout and
+                end-to-end speedups, the Amdahl bound, accepted length and rewards by step, the
+                first step where the rewards part, compile events after the warm-ups
+  a_costs_grid  the rest of the c(B, T) grid and the draft step d(B, 1)
+  d_large       a larger shape with random weights: c(B, T), and one GRPO update step's time and
+                peak memory against `rl.memory.plan_memory`'s prediction
+
+A phase checks the clock between its cells (`Context.left`): past its share of the budget it
+stops and says which cells it skipped, so a call that runs short still returns what finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import time
+
+import jax
+import numpy as np
+
+from experiments.benchmarks import spec as spec_bench
+from experiments.benchmarks.cost import cost_table
+from tlt_jax.kernels.attention import resolve_impl
+from tlt_jax.drafter.costs import measure_cost_table, needed_cells
+from tlt_jax.models.config import ModelConfig, get_shape
+from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.models.sharding import make_mesh
+from tlt_jax.models.transformer import init_model
+from tlt_jax.rl.compare import compare_runs, read_metrics
+from tlt_jax.rl.config import run_config
+from tlt_jax.rl.learners import learner_from_section
+from tlt_jax.rl.memory import GB, PlanTarget, plan_memory
+from tlt_jax.rl.run import run
+from tlt_jax.rl.trainer import LoopConfig
+from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater
+from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.spec.costs import CostTable
+from tlt_jax.spec.strategy import SpecConfig, strategy_from_tuple
+
+PHASES = ("a_costs", "b_rollouts", "c_grpo", "a_costs_grid", "d_large")
+# The update's parts of a memory plan (the rest is the rollout's, which an update step alone
+# does not hold).
+UPDATE_PARTS = ("parameters", "optimizer state", "gradients", "micro-batch gradient",
+                "update activations")
+
+
+@dataclasses.dataclass
+class Context:
+  """What the phases share: the config, the workload (SmolLM2 or the dry run's model) and its
+  drafter, the results of the phases before, and the clock."""
+
+  c: object
+  workload: object
+  drafter: object
+  results: dict
+  deadline: float = float("inf")
+
+  def left(self) -> float:
+    """Seconds left of the whole budget."""
+    return self.deadline - time.perf_counter()
+
+  @property
+  def spec(self) -> SpecConfig:
+    """The arms `b_rollouts` runs, under `coupled`, speculating from the first step."""
+    rows = self.c.rollouts.rows
+    return SpecConfig(threshold=max(rows), arms=tuple(strategy_from_tuple(a)
+                                                      for a in self.c.rollouts.arms),
+                      rule="coupled", min_accept_len=0.0, epsilon=0.0)
+
+  def cache_len(self) -> int:
+    """Cache slots of a rollout of the proof's longest prompt, every arm's slack included."""
+    return (max(map(len, self.workload.prompts)) + self.workload.params.max_new_tokens
+            + self.spec.max_written + 1)
+
+  def prefix(self) -> int:
+    """The committed prefix the costs are timed over: a row half-way through its response."""
+    w = self.workload
+    return int(np.mean([len(p) for p in w.prompts])) + w.params.max_new_tokens // 2
+
+
+def _costs_json(table: CostTable) -> dict:
+  ms = lambda d: {f"B{b}_T{t}": round(1e3 * s, 4) for (b, t), s in sorted(d.items())}
+  return {"target_ms": ms(table.target_s), "draft_ms": ms(table.draft_s)}
+
+
+def a_costs(ctx: Context) -> dict:
+  """The cells the arms of `b_rollouts` are priced with, at its row counts."""
+  target_cells, draft_cells = needed_cells(ctx.spec, sorted(ctx.c.rollouts.rows))
+  t0 = time.perf_counter()
+  table = measure_cost_table(ctx.workload.model, ctx.drafter, target_cells, draft_cells,
+                             ctx.cache_len(), prefix=ctx.prefix(), rounds=ctx.c.costs.rounds,
+                             iters=ctx.c.costs.iters)
+  ctx.results["_table"] = table
+  return {"seconds": round(time.perf_counter() - t0, 1), "cells": len(target_cells)
+          + len(draft_cells), "prefix": ctx.prefix(), "cache_len": ctx.cache_len(),
+          **_costs_json(table)}
+
+
+def _table(ctx: Context) -> CostTable:
+  if "_table" in ctx.results:
+    return ctx.results["_table"]
+  saved = ctx.results["a_costs"]
+  parse = lambda d: {tuple(int(x[1:]) for x in k.split("_")): v / 1e3 for k, v in d.items()}
+  return CostTable(parse(saved["target_ms"]), parse(saved["draft_ms"]))
+
+
+def b_rollouts(ctx: Context) -> dict:
+  """Each arm alone against plain decoding, from each row count, at each temperature; cells in
+  the config's order (the most valuable first) while the phase's share of time lasts."""
+  c, w = ctx.c.rollouts, ctx.workload
+  cfg = EngineConfig(batch_buckets=tuple(sorted(c.rows)), max_batch=max(c.rows),
+                     prefill_buckets=tuple(ctx.c.prefill_buckets), attention=ctx.c.attention)
+  stop = time.perf_counter() + c.share * ctx.left()
+  cells, skipped = [], []
+  for temperature, rows in c.order:
+    if time.perf_counter() > stop:
+      skipped.append({"temperature": temperature, "rows": rows})
+      continue
+    params = dataclasses.replace(w.params, temperature=float(temperature))
+    t0 = time.perf_counter()
+    for row in spec_bench.arm_sweep(w.model, w.prompts, (rows,), params, cfg, ctx.spec,
+                                    jax.random.key(ctx.c.seed), w.tokenizer.pad_id, c.repeats,
+                                    drafter=ctx.drafter, ignore_eos=True, costs=_table(ctx)):
+      tokens = row["plain_tokens"]
+      cells.append(dict(row, temperature=temperature,
+                        plain_tokens_per_s=round(tokens / row["plain_s"], 1),
+                        sd_tokens_per_s=round(row["sd_tokens"] / row["sd_s"], 1),
+                        equal_rows=round(1.0 - row["differing_rows"], 4),
+                        off_prediction=_off(row["speedup"], row["predicted"])))
+    cells[-1]["cell_s"] = round(time.perf_counter() - t0, 1)
+  return {"new_tokens": w.params.max_new_tokens, "cells": cells, "skipped": skipped}
+
+
+def _off(measured, predicted):
+  """The measured speedup's relative miss of its prediction."""
+  return None if not measured or not predicted else round(measured / predicted - 1.0, 3)
+
+
+def _set(c, dotted: str, value) -> None:
+  *path, last = dotted.split(".")
+  for key in path:
+    c = c[key]
+  c[last] = value
+
+
+def grpo_configs(ctx: Context) -> dict:
+  """The baseline's and the TLT run's configs with the proof's overrides (its out_dir inside
+  the proof's)."""
+  g = ctx.c.grpo
+  out = {}
+  for name in ("baseline", "tlt"):
+    module = importlib.import_module(f"experiments.configs.{g[name]}")
+    c = module.get_config(g.variant)
+    for key, value in g.overrides:
+      if key.split(".")[0] in ("spec", "drafter") and not c.get(key.split(".")[0]):
+        continue  # the baseline's: it has neither
+      _set(c, key, value)
+    if ctx.c.model_path:
+      c.model.path = ctx.c.model_path
+    c.out_dir = f"{ctx.c.out_dir}/c_grpo/{name}"
+    out[name] = c
+  return out
+
+
+def c_grpo(ctx: Context) -> dict:
+  """The baseline, then the TLT run of the same steps (resumed where an earlier call left
+  them), compared."""
+  configs = {k: run_config(c) for k, c in grpo_configs(ctx).items()}
+  warmup = {}
+  for name, rc in configs.items():
+    t0 = time.perf_counter()
+    summary = run(rc, progress=False)
+    warmup[name] = {"warmup_s": summary.get("warmup_s"), "run_s": round(time.perf_counter() - t0,
+                                                                        1)}
+  base, tlt = (read_metrics(rc.out_dir) for rc in configs.values())
+  parted = [b["step"] for b, t in zip(base, tlt) if b["reward"] != t["reward"]]
+  by_step = lambda run, key: [m.get(key) for m in run]
+  drafter_s = [m.get("time/drafter_s", 0.0) for m in tlt]
+  return {**compare_runs(configs["baseline"].out_dir, configs["tlt"].out_dir),
+          "first_parting_step": parted[0] if parted else None,
+          "reward_baseline": by_step(base, "reward"), "reward_tlt": by_step(tlt, "reward"),
+          "accept_len_by_step": by_step(tlt, "spec/accept_len"),
+          "rollout_s_baseline": by_step(base, "rollout_s"), "rollout_s_tlt": by_step(tlt, "rollout_s"),
+          "drafter_share_of_step": round(sum(drafter_s) / sum(m["step_s"] for m in tlt), 4),
+          "drafter_versions": by_step(tlt, "drafter/version"), "runs": warmup}
+
+
+def a_costs_grid(ctx: Context) -> dict:
+  """The c(B, T) grid and d(B, 1) that `a_costs` did not time."""
+  g = ctx.c.costs
+  done = ctx.results.get("a_costs", {})
+  target = {(b, t) for b in g.batches for t in g.tokens} - {
+      tuple(int(x[1:]) for x in k.split("_")) for k in done.get("target_ms", {})}
+  draft = {(b, 1) for b in g.batches} - {
+      tuple(int(x[1:]) for x in k.split("_")) for k in done.get("draft_ms", {})}
+  t0 = time.perf_counter()
+  table = measure_cost_table(ctx.workload.model, ctx.drafter, target, draft, ctx.cache_len(),
+                             prefix=ctx.prefix(), rounds=g.rounds, iters=g.iters)
+  return {"seconds": round(time.perf_counter() - t0, 1), **_costs_json(table)}
+
+
+def d_large(ctx: Context) -> dict:
+  """The larger shape (random weights): c(B, T) in the compute dtype, then one GRPO update step
+  on a synthetic batch, timed warm, with the device's peak memory against the plan's update
+  parts."""
+  d = ctx.c.large
+  cfg = get_shape(d.shape) if isinstance(d.shape, str) else ModelConfig(**dict(d.shape))
+  cfg = cfg.replace(max_seq_len=max(cfg.max_seq_len, d.cache_len), dtype=d.compute_dtype,
+                    param_dtype="float32")
+  model = init_model(cfg.replace(param_dtype=d.compute_dtype), seed=0)
+  t0 = time.perf_counter()
+  costs = cost_table(model, d.batches, d.tokens, d.cache_len, d.iters, d.rounds,
+                     impl=resolve_impl(ctx.c.attention))
+  cost_s = time.perf_counter() - t0
+  del model
+  loop = LoopConfig(out_dir="", steps=1, prompts_per_step=d.rows // d.group_size,
+                    group_size=d.group_size,
+                    micro_batches=d.micro_batches)
+  plan = plan_memory(cfg, loop, EngineConfig(max_batch=d.rows // d.group_size * d.group_size),
+                     param_dtype="float32", compute_dtype=d.compute_dtype,
+                     prompt_len=d.prompt_len, max_new_tokens=d.new_tokens, target=PlanTarget())
+  planned = sum(b for name, b, _ in plan.rows if name in UPDATE_PARTS)
+  step_s, peak = _update_step(cfg, d)
+  return {"shape": d.shape if isinstance(d.shape, str) else "custom", "costs": costs,
+          "cost_s": round(cost_s, 1), "update_step_s": round(step_s, 3),
+          "peak_gb": None if peak is None else round(peak / GB, 3),
+          "planned_update_gb": round(planned / GB, 3), "planned_total_gb": round(
+              plan.total_bytes / GB, 3),
+          "peak_over_plan": None if peak is None else round(peak / planned, 3)}
+
+
+def _update_step(cfg: ModelConfig, d) -> tuple[float, float | None]:
+  """Seconds of one warm GRPO update of `d.rows` random rows, and the device's peak bytes in use
+  (None where the device does not report it)."""
+  model = init_model(cfg, seed=0)
+  sampling = SamplingParams(temperature=1.0, max_new_tokens=d.new_tokens)
+  updater = PolicyUpdater(model, make_mesh(devices=jax.local_devices()[:1]), learner_from_section({"learner": "grpo"}),
+                          OptimConfig(lr=1e-6, total_steps=10), sampling,
+                          micro_batches=d.micro_batches)
+  del model
+  rng = np.random.default_rng(0)
+  width = d.prompt_len + d.new_tokens
+  batch = PolicyBatch(rng.integers(1, cfg.vocab_size, (d.rows, width)).astype(np.int32),
+                      np.full(d.rows, d.prompt_len, np.int32),
+                      np.ones((d.rows, d.new_tokens), np.float32),
+                      rng.standard_normal(d.rows).astype(np.float32), None,
+                      np.zeros((d.rows, d.new_tokens), np.float32))
+  updater.update(batch)  # compiles
+  t0 = time.perf_counter()
+  updater.update(batch)
+  step_s = time.perf_counter() - t0
+  stats = jax.local_devices()[0].memory_stats() or {}
+  return step_s, stats.get("peak_bytes_in_use")
+
+
+FUNCTIONS = {"a_costs": a_costs, "b_rollouts": b_rollouts, "c_grpo": c_grpo,
+             "a_costs_grid": a_costs_grid, "d_large": d_large}
+
+
+def markdown(results: dict, header: str) -> str:
+  """The proof's figures as Markdown tables for docs/BENCHMARKS.md."""
+  lines = [header, ""]
+  b = results.get("b_rollouts")
+  if b:
+    lines += ["| T | rows | arm | plain tok/s | SD tok/s | speedup | predicted | accept | "
+              "rows = plain |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['temperature']} | {r['rows']} | {r['arm']} | {r['plain_tokens_per_s']} | "
+              f"{r['sd_tokens_per_s']} | {r['speedup']} | {r['predicted']} | {r['accept_len']} | "
+              f"{r['equal_rows']} |" for r in b["cells"]]
+    if b["skipped"]:
+      lines.append(f"\nSkipped for time: {b['skipped']}")
+  g = results.get("c_grpo")
+  if g:
+    lines += ["", "| steps | rollout speedup | e2e speedup | Amdahl bound | e2e / bound | "
+              "rollout share | accept | rewards identical | first parting step | compiles after "
+              "warm-up | drafter share |", "|---|---|---|---|---|---|---|---|---|---|---|",
+              f"| {g['steps']} | {g['rollout_speedup']} | {g['e2e_speedup']} | "
+              f"{g['amdahl_bound']} | {g['e2e_over_amdahl']} | {g['rollout_share']} | "
+              f"{g['accept_len']} | {g['rewards_identical']} | {g['first_parting_step']} | "
+              f"{g['compile_events_baseline'] + g['compile_events_tlt']} | "
+              f"{g['drafter_share_of_step']} |"]
+  d = results.get("d_large")
+  if d:
+    lines += ["", f"Large shape `{d['shape']}`: update step {d['update_step_s']} s, peak "
+              f"{d['peak_gb']} GB against {d['planned_update_gb']} GB planned for the update "
+              f"({d['peak_over_plan']}x)."]
+  return "\n".join(lines) + "\n"

@@ -1,0 +1,142 @@
+"""The GPU proof's CPU side: the offline bundle round-trips, the dry run writes every phase, the
+proof and the GPU benchmark start from the shipped drafters, and `drafter.init_from` loads a
+drafter whatever the run's sampling settings."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from experiments import gpu_bundle
+from experiments.benchmarks import gpu, proof
+from experiments.configs import bench_gpu, smollm2_tlt, tiny_tlt
+from tests.test_launchers import last_json, run_module
+from tlt_jax.drafter import warmup
+from tlt_jax.errors import ConfigError
+from tlt_jax.models.pretrained import smollm2_gguf_path
+from tlt_jax.rl.compare import read_metrics
+from tlt_jax.rl.config import run_config
+from tlt_jax.rl.run import run_stages
+from tlt_jax.workloads import drafter_key, drafter_recipe, workload_config
+
+
+def test_the_bundle_s_parts_joined_in_the_manifest_s_order_give_the_gguf(tmp_path):
+  gguf = smollm2_gguf_path()
+  manifest = gpu_bundle.make_bundle(str(tmp_path), with_wheels=False)
+  (entry,) = manifest["files"]
+  assert entry["sha256"] == gpu_bundle.sha256(gguf) and entry["size"] == os.path.getsize(gguf)
+  sizes = [os.path.getsize(tmp_path / p) for p in entry["parts"]]
+  assert len(sizes) == 3 and max(sizes) <= gpu_bundle.PART_MIB << 20 and sum(sizes) == entry["size"]
+  assert json.loads((tmp_path / gpu_bundle.MANIFEST).read_text()) == manifest
+  (joined,) = gpu_bundle.join(str(tmp_path)).values()
+  assert gpu_bundle.sha256(joined) == entry["sha256"]
+  os.remove(joined)
+  os.remove(tmp_path / entry["parts"][1])
+  with pytest.raises(SystemExit, match=r"lacks SmolLM2-135M-Instruct.Q4_1.gguf.part1 "):
+    gpu_bundle.join(str(tmp_path))
+
+
+def test_a_part_cut_short_in_transit_is_one_line(tmp_path):
+  data = np.random.default_rng(0).integers(0, 256, 5000, np.uint8).tobytes()
+  (tmp_path / "f.bin").write_bytes(data)
+  bundle = tmp_path / "bundle"
+  entry = gpu_bundle.make_bundle(str(bundle), with_wheels=False, files=[str(tmp_path / "f.bin")],
+                                 part_mib=1)["files"][0]
+  assert entry["parts"] == ["f.bin.part0"]
+  (bundle / "f.bin.part0").write_bytes(data[:-1])
+  with pytest.raises(SystemExit, match="cut short in transit"):
+    gpu_bundle.join(str(bundle))
+
+
+@pytest.mark.long
+def test_the_dry_run_writes_every_phase_and_a_second_call_goes_on_where_it_stopped(tmp_path):
+  out = last_json(run_module("experiments.gpu_proof", "--dry_run", f"--out_dir={tmp_path}"))
+  assert out["phases"] == list(proof.PHASES)
+  read = lambda name: json.loads((tmp_path / f"{name}.json").read_text())
+  costs = read("a_costs")
+  assert costs["target_ms"]["B1_T1"] > 0 and costs["draft_ms"]
+  cells = read("b_rollouts")["cells"]
+  assert {(c["temperature"], c["rows"], c["arm"]) for c in cells} == {
+      (t, r, a) for t, r in ((0.9, 1), (0.0, 2)) for a in ("eagle_d2", "tree_d2_k2_n3")}
+  for c in cells:  # float32 on CPU: SD is plain decoding, token for token
+    assert c["equal_rows"] == 1.0 and c["accept_len"] >= 1.0
+    assert c["predicted"] > 0 and c["plain_tokens_per_s"] > 0 and c["sd_tokens_per_s"] > 0
+  grpo = read("c_grpo")
+  assert grpo["rewards_identical"] and grpo["first_parting_step"] is None
+  assert grpo["compile_events_baseline"] == grpo["compile_events_tlt"] == 0
+  assert len(grpo["reward_tlt"]) == len(grpo["accept_len_by_step"]) == 2
+  assert grpo["rollout_speedup"] > 0 and grpo["amdahl_bound"] > 0
+  assert set(read("a_costs_grid")) >= {"target_ms", "draft_ms"}
+  large = read("d_large")
+  assert large["update_step_s"] > 0 and large["planned_update_gb"] > 0
+  assert "| T | rows | arm |" in (tmp_path / "proof.md").read_text()
+  again = run_module("experiments.gpu_proof", "--dry_run", f"--out_dir={tmp_path}")
+  assert again.stdout.count("done before") == len(proof.PHASES)
+
+
+def test_without_a_gpu_the_proof_stops_at_once_with_one_line(tmp_path):
+  proc = run_module("experiments.gpu_proof", f"--out_dir={tmp_path}", timeout=120)
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr
+  assert "--dry_run" in proc.stderr.strip().splitlines()[-1]
+  assert not os.listdir(tmp_path)
+
+
+def test_init_from_loads_the_shipped_drafter_whatever_the_sampling_and_seed():
+  """`tiny_tlt` with another seed and temperature than the demo drafter's recipe: its key differs
+  (a warm-up would train), and `drafter.init_from=demo` loads the shipped weights instead."""
+  c = tiny_tlt.get_config("small")
+  c.seed, c.rollout.temperature = 3, 0.6
+  c.drafter = dict(init_from="demo", adaptive=c.drafter.adaptive)
+  rc = run_config(c)
+  assert rc.drafter.model == warmup.drafter_artifact_config(warmup.resolve_drafter("demo"))
+  recipe = drafter_recipe({"model": {}, "warmup_prompts": 8})
+  assert drafter_key(rc.workload, recipe, 3) not in {
+      v["key"] for v in warmup.shipped_drafters().values()}
+  stages = run_stages(rc, progress=False)
+  shipped, _ = warmup.load_shipped_drafter(warmup.resolve_drafter("demo"), stages.policy[0])
+  for a, b in zip(*(nnx.to_flat_state(nnx.state(d, nnx.Param)) for d in (stages.drafter, shipped))):
+    np.testing.assert_array_equal(np.asarray(a[1].get_value()), np.asarray(b[1].get_value()))
+
+
+def test_init_from_a_drafter_that_is_not_there_or_beside_a_model_is_one_line(tmp_path):
+  c = tiny_tlt.get_config("small")
+  c.drafter = dict(init_from=str(tmp_path))
+  with pytest.raises(ConfigError, match=r"^config.drafter.init_from: .* is missing"):
+    run_config(c)
+  c.drafter = dict(init_from="llama-70b")
+  with pytest.raises(ConfigError, match="shipped names"):
+    run_config(c)
+  c.drafter = dict(init_from="demo", model=dict(draft_vocab=16))
+  with pytest.raises(ConfigError, match="leave drafter.model empty"):
+    run_config(c)
+
+
+def test_smollm2_tlt_and_bench_gpu_start_from_the_shipped_drafter_in_bf16():
+  """The TLT recipe names the shipped SmolLM2 drafter, which loads in bf16 at the recipe's
+  sampling settings (another seed and task than its warm-up's); so does bench_gpu's."""
+  c = smollm2_tlt.get_config()
+  c.model.compute_dtype = "bfloat16"
+  rc = run_config(c)
+  assert rc.drafter.init_from == "smollm2" and {a.proposer for a in rc.spec.arms} == {
+      "eagle", "tree", "suffix", "plain"}
+  assert rc.spec.chooser == "cost" and rc.adaptive.spot.budget_share == 0.05
+  g = bench_gpu.get_config()
+  g.smollm2_drafter = "smollm2"
+  w, drafter = gpu.smollm2_pair(g)
+  assert w.model.cfg.dtype == "bfloat16" and drafter.cfg.draft_vocab == 4096
+
+
+@pytest.mark.slow
+def test_smollm2_tlt_small_drafts_with_the_eagle_arms_and_adapts_its_drafter(tmp_path):
+  out = last_json(run_module("experiments.train_grpo",
+                             "--config=experiments/configs/smollm2_tlt.py:small",
+                             f"--config.out_dir={tmp_path}", fast_compile=False))
+  metrics = read_metrics(str(tmp_path))
+  eagle = sum(m.get("spec/steps/eagle_d3", 0) + m.get("spec/steps/tree_d3_k2_n4", 0)
+              for m in metrics)
+  assert eagle > 0 and out["accept_len"] > 1.0
+  assert sum(m["drafter/steps"] for m in metrics) >= 1  # it trained within its budget
+  published = sum(m["drafter/published"] for m in metrics)
+  assert metrics[-1]["drafter/version"] == 1 + published  # version 1: the shipped drafter
