@@ -19,7 +19,7 @@ from tlt_jax.models.pretrained import smollm2_gguf_path
 from tlt_jax.rl.compare import read_metrics
 from tlt_jax.rl.config import run_config
 from tlt_jax.rl.run import run_stages
-from tlt_jax.workloads import drafter_key, drafter_recipe, workload_config
+from tlt_jax.workloads import drafter_key, drafter_recipe
 
 
 def test_the_bundle_s_parts_joined_in_the_manifest_s_order_give_the_gguf(tmp_path):

@@ -127,10 +127,13 @@ def smollm2_drafter(small: bool = False, teacher_forced: bool = False) -> CD:
 
 def adaptive(small: bool = False) -> CD:
   """The adaptive drafter: spot training from captured hidden states on rollout shards that
-  finish early (or `spot.budget_s` seconds per step on one device), checked publishing."""
+  finish early, checked publishing. On one device it trains only where a recipe gives it a
+  budget (`spot.budget_s`, `budget_share`, `budget_steps`); its share of each step is
+  `drafter/overhead`. `small`: two drafter steps per RL step whatever they cost (the tests'
+  rollouts are short, so this is most of their step), the same on every machine."""
   c = CD(dict(train=dict(lr=1e-3, warmup_steps=5), spot=dict(min_segments=16)))
   if small:
-    c.spot.budget_s, c.spot.min_segments = 0.5, 4
+    c.spot.budget_steps, c.spot.min_segments = 2, 4
   return c
 
 
@@ -162,6 +165,12 @@ def train(**loop) -> CD:
                       checkpoint_every=5, eval_every=5, eval_prompts=64), **loop))
 
 
+def run_dir(name: str, variant: str = "") -> str:
+  """A recipe's default run directory, `runs/<name>[_<variant>]`: no two recipes (or variants
+  of one) share a directory, which holds one run (`tlt_jax/rl/rundir.py`)."""
+  return f"runs/{name}" + (f"_{variant.replace(',', '_')}" if variant else "")
+
+
 def tiny_run(name: str, variant: str = "") -> CD:
   """GRPO on the built-in task from the warm-started `tiny` policy, without speculative decoding
   (`tiny_tlt` adds it to this same run). Variants: '' (20 steps of 16 prompts x 8), 'small' (the
@@ -170,7 +179,7 @@ def tiny_run(name: str, variant: str = "") -> CD:
   small = variant == "small"
   c = CD()
   c.name = name if variant != "long" else f"{name}_long"
-  c.out_dir = f"runs/{c.name}"
+  c.out_dir = run_dir(name, variant)
   c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
   c.seed = 7
   c.model = tiny_model(small)
@@ -203,7 +212,7 @@ def smollm2_run(name: str, small: bool = False) -> CD:
   and after the last."""
   c = CD()
   c.name = name
-  c.out_dir = f"runs/{name}"
+  c.out_dir = run_dir(name, "small" if small else "")
   c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
   c.seed = 0
   c.model = smollm2_model()

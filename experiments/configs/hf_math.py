@@ -10,7 +10,9 @@ Run:
     --config.model.path=/path/to/Qwen2.5-0.5B-Instruct \
     --config.task.dataset=gsm8k/train.jsonl --config.task.test_dataset=gsm8k/test.jsonl
 Variants, combined with commas: `tlt` (speculative decoding under `coupled` and the adaptive
-drafter, warmed up from the model's own rollouts), `small` (sized for CPU tests):
+drafter, warmed up from the model's own rollouts; it trains on rollout shards that finish early,
+and on one device not at all unless `drafter.adaptive.spot.budget_share` gives it a share of each
+rollout's seconds), `small` (sized for CPU tests; two drafter steps per RL step):
   python -m experiments.train_grpo --config=experiments/configs/hf_math.py:tlt,small \
     --config.model.path=DIR --config.task.dataset=train.jsonl --config.task.test_dataset=test.jsonl
 Recipes for GPU nodes (`qwen2p5_1p5b_8xh100`: Qwen2.5-1.5B-Instruct on one host of 8 H100 80 GB;
@@ -66,7 +68,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   small = "small" in chosen
   c = CD()
   c.name = "hf_math"
-  c.out_dir = "runs/hf_math"
+  c.out_dir = base.run_dir("hf_math", ",".join(chosen))
   c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
   c.seed = 0
   c.model = CD(dict(name="math", path=""))

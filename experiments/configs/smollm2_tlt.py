@@ -13,8 +13,8 @@ What it runs:
   finish early, and on one device for `spot.budget_share` = 5 % of each rollout's seconds between
   the rollout and the update (`drafter/overhead` reports its share of the step; kept <= 10 %).
   The `small` variant (the tests') has a smaller tree, lets the bandit try every arm (on this
-  CPU the cost model rightly keeps plain decoding) and trains its drafter for 0.5 s a step, far
-  more than its short rollouts: its overhead is not a figure.
+  CPU the cost model rightly keeps plain decoding) and trains its drafter two steps per RL step,
+  far more than its short rollouts: its overhead is not a figure.
 
 Run:
   python -m experiments.train_grpo --config=experiments/configs/smollm2_tlt.py

@@ -115,7 +115,8 @@ class AdaptiveDrafter:
     t0 = time.perf_counter()
     self.spot.preempt()
     preempt_s = time.perf_counter() - t0
-    budget_steps = self.spot.train_for(self.cfg.spot.budget(result.timeline.wall_s))
+    budget_steps = (self.spot.train_steps(self.cfg.spot.budget_steps)
+                    + self.spot.train_for(self.cfg.spot.budget(result.timeline.wall_s)))
     if jax.process_count() > 1:
       self.spot.trainer.load_state(distributed.mean_replicas(self.spot.trainer.state()))
     # The new rows enter the buffer after the candidate's last step: they are held back.
@@ -168,9 +169,18 @@ class AdaptiveDrafter:
   # ---------------------------------------------------------------- state and export
 
   def state(self) -> dict:
-    """What a checkpoint keeps: the trainer's parameters and optimizer state, and the published
-    ones."""
+    """What a checkpoint keeps of what every process holds alike: the trainer's parameters and
+    optimizer state, and the published ones."""
     return {**self.spot.trainer.state(), "in_use": self.in_use}
+
+  def local_state(self) -> dict:
+    """What this process alone holds and a checkpoint keeps per process: its data buffer
+    (`DataBuffer.state`; processes capture their own rows)."""
+    return self.buffer.state()
+
+  def load_local_state(self, state: dict) -> None:
+    """Restores this process's data buffer."""
+    self.buffer.load_state(state)
 
   def load_state(self, state: dict, version: int) -> None:
     """Restores `state` and publishes its in-use parameters as drafter version `version`."""

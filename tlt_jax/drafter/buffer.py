@@ -198,6 +198,33 @@ class DataBuffer:
     """The segments held, oldest first."""
     return list(self._segments)
 
+  def state(self) -> dict:
+    """What a checkpoint keeps of the buffer (host arrays): the held segments' tokens end to
+    end, lengths, policy versions and RL steps, their hidden states in the same order (`[tokens
+    held, D]` in the buffer's dtype: at most `max_tokens` x D), and the eviction count."""
+    segs = list(self._segments)
+    rows = (np.concatenate([self._rows(s) for s in segs]) if segs
+            else np.zeros(0, np.int32))
+    return {"tokens": np.concatenate([s.tokens_L for s in segs]) if segs
+                      else np.zeros(0, np.int32),
+            "lengths": np.array([s.length for s in segs], np.int32),
+            "versions": np.array([s.version for s in segs], np.int32),
+            "steps": np.array([s.step for s in segs], np.int32),
+            "hidden": np.asarray(_gather(self.ring_CxD, rows[None], self.dtype))[0],
+            "evicted": np.int64(self.evicted)}
+
+  def load_state(self, state: dict) -> None:
+    """The buffer as `state()` left it: the same segments, in order, with the same hidden
+    states (written to the ring's first rows)."""
+    hidden = np.asarray(state["hidden"], self.dtype)
+    self._segments.clear()
+    self._written = self.tokens = 0
+    ends = np.cumsum(state["lengths"])
+    for end, n, version, step in zip(ends, state["lengths"], state["versions"], state["steps"]):
+      self._place(np.asarray(state["tokens"][end - n: end]), int(version), int(step))
+    self.ring_CxD = self.ring_CxD.at[:len(hidden)].set(jax.device_put(hidden, self.device))
+    self.evicted = int(state["evicted"])
+
   def pack(self, segs: list[Segment], seq_len: int, pad_id: int, rows: int | None = None,
            dtype=None) -> tuple[np.ndarray, jax.Array, np.ndarray]:
     """Tokens `[B, L]` (host), hidden states `[B, L, D]` (on the buffer's device, in `dtype`,

@@ -6,8 +6,8 @@ Every idle device trains at once: each window trains its own replica of the draf
 at the rollout's start), and `preempt` merges the replicas, the mean of their weights and
 optimizer moments (one window: its state as it is). With one device there is no idle window
 inside a rollout; the trainer then gives the drafter a configured budget of seconds between the
-rollout and the policy update (`train_for`): `budget_s` seconds plus `budget_share` of the
-rollout's.
+rollout and the policy update: `budget_steps` steps (`train_steps`), or `budget_s` seconds plus
+`budget_share` of the rollout's (`train_for`).
 
 Batches are addressed by the drafter's step count and the window's index among those open at
 once (`seed`, step[, index]): a run preempted and resumed takes the same steps on the same data as
@@ -37,15 +37,16 @@ class SpotConfig:
   seq_len: int = 128            # positions per training row (longer segments: a random window)
   budget_s: float = 0.0         # between phases (one device): seconds of training per RL step
   budget_share: float = 0.0     # ... plus this share of the step's rollout seconds
+  budget_steps: int = 0         # ... or this many steps (the same whatever the machine's speed)
   max_steps_per_window: int = 0  # 0: until preempted
   min_segments: int = 8         # train only once the buffer holds this many segments
   seed: int = 0
 
   def __post_init__(self):
-    if (self.batch_rows < 1 or self.seq_len < 2 or self.budget_s < 0
+    if (self.batch_rows < 1 or self.seq_len < 2 or self.budget_s < 0 or self.budget_steps < 0
         or not 0 <= self.budget_share <= 1):
       raise ValueError(f"SpotConfig needs batch_rows >= 1, seq_len >= 2, budget_s >= 0, "
-                       f"0 <= budget_share <= 1; got {self}.")
+                       f"budget_steps >= 0, 0 <= budget_share <= 1; got {self}.")
 
   def budget(self, rollout_s: float) -> float:
     """Seconds of one-device training after a rollout of `rollout_s` seconds."""
@@ -134,7 +135,10 @@ class SpotTrainer:
     jax.block_until_ready(out)
 
   def train_steps(self, n: int, device=None) -> int:
-    """`n` steps now, on `device` (default: the first device)."""
+    """`n` steps now, on `device` (default: the first device); none before the buffer is
+    ready."""
+    if n <= 0 or not self.ready:
+      return 0
     device = device or jax.local_devices()[0]
     for _ in range(n):
       self._one_step(device)

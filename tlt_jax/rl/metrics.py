@@ -12,46 +12,19 @@ TensorFlow (its default writer imports it), which the project does not install."
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib
-import importlib.metadata
 import importlib.util
 import json
 import os
-import sys
 
 from tensorboardX import SummaryWriter
 
-from tlt_jax.hashing import git_commit
 from tlt_jax.paths import as_path, is_remote, open_appending
+from tlt_jax.rl.rundir import RUN_RECORD
 
 METRICS, EVALS, ROLLOUTS = "metrics.jsonl", "eval.jsonl", "rollouts.jsonl"
-RUN_RECORD = "config.json"
 LOGGERS = ("tensorboard", "wandb")
-_PACKAGES = ("tlt_jax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
-
-
-def write_run_record(out_dir: str, run_config) -> str:
-  """`out_dir/config.json`: the run's settings as its typed sections read them, the versions of
-  the packages that shape a run, and the git commit of the checkout it ran from (None outside
-  one; `git_dirty` when it had uncommitted changes). Rewritten by each launch of the run."""
-  versions = {"python": sys.version.split()[0]}
-  for name in _PACKAGES:
-    try:
-      versions[name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      versions[name] = None
-  commit, dirty = git_commit()
-  config = dataclasses.asdict(run_config)
-  config["learner"] = {"name": run_config.learner.name, **config["learner"]}
-  record = {"config": config, "versions": versions,
-            "git_commit": commit, "git_dirty": dirty}
-  path = as_path(out_dir) / RUN_RECORD
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(record, indent=1, default=lambda o: o.to_dict()
-                             if hasattr(o, "to_dict") else str(o)))
-  return str(path)
 
 
 def check_loggers(loggers, out_dir: str) -> None:

@@ -25,7 +25,7 @@ from tlt_jax.models.pretrained import config_from_hf
 from tlt_jax.rl.config import RunConfig
 from tlt_jax.rl.memory import (GB, MemoryPlan, PlanTarget, device_limit_bytes, plan_memory,
                                sized_engine)
-from tlt_jax.rl.metrics import write_run_record
+from tlt_jax.rl import rundir
 from tlt_jax.rl.trainer import Trainer, check_split
 from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.rollout.programs import bucket_for, cache_length
@@ -79,17 +79,21 @@ def _stages(rc: RunConfig, progress: bool) -> Stages:
 _WORKLOAD_SHAPES = {"tiny": PRESETS["tiny"], "smollm2": get_shape("smollm2_135m")}
 
 
-def planned_shape(rc: RunConfig) -> ModelConfig:
-  """The architecture a plan is made for, without loading weights: `plan.shape`, else the
-  `config.json` of `model.path`'s folder, else the workload's own model."""
-  if rc.plan.shape:
-    return get_shape(rc.plan.shape)
+def planned_shape(rc: RunConfig) -> tuple[ModelConfig, str]:
+  """The architecture a plan is made for, without loading weights, and where it came from: the
+  `config.json` of `model.path`'s folder (the model the run trains), else `plan.shape` (a
+  recipe's model), else the workload's own model."""
   path = os.path.join(rc.workload.path, "config.json")
   if rc.workload.path and os.path.isfile(path):
     with open(path) as f:
-      return config_from_hf(json.load(f), rc.workload.path)
+      return config_from_hf(json.load(f), rc.workload.path), f"model.path {rc.workload.path}"
+  if rc.workload.path and not rc.workload.path.endswith(".gguf"):
+    raise ConfigError(f"config.model.path={rc.workload.path!r}: no config.json there to plan "
+                      "from; give a Hugging Face checkpoint folder.")
+  if rc.plan.shape:
+    return get_shape(rc.plan.shape), f"plan.shape {rc.plan.shape}"
   if rc.workload.name in _WORKLOAD_SHAPES:
-    return _WORKLOAD_SHAPES[rc.workload.name]
+    return _WORKLOAD_SHAPES[rc.workload.name], f"the {rc.workload.name} workload's model"
   raise ConfigError(f"No model shape to plan for: set config.plan.shape (one of "
                     f"{sorted(SHAPES)}) or config.model.path to a folder with a config.json.")
 
@@ -193,7 +197,8 @@ def build_trainer(rc: RunConfig, progress: bool = True, stages: Stages | None = 
             f"{time.perf_counter() - t0:.1f} s (cached for this machine)", flush=True)
   return Trainer(w, rc.loop, engine_cfg=engine, learner=rc.learner, optim=rc.optim,
                  spec=rc.spec, drafter=stages.drafter, adaptive=rc.adaptive, costs=costs,
-                 eval_prompts=eval_prompts, eval_answers=eval_answers, replay=rc.replay)
+                 eval_prompts=eval_prompts, eval_answers=eval_answers, replay=rc.replay,
+                 settings_digest=rundir.digest(rc))
 
 
 def summarize(name: str, out_dir: str, history: list[dict]) -> dict:
@@ -227,12 +232,14 @@ def start(rc: RunConfig) -> int:
 
 
 def run(rc: RunConfig, progress: bool = True) -> dict:
-  """Runs (or resumes, or finds finished) `rc`; returns its summary and its warm-up's figures."""
+  """Runs (or resumes, or finds finished) `rc`; returns its summary and its warm-up's figures.
+  Its run directory takes no other run (`rl/rundir.py`), and a launch that fails before its first
+  step writes nothing there."""
   start(rc)
-  if distributed.is_writer():
-    write_run_record(rc.out_dir, rc)
+  rundir.prepare(rc)
   trainer = build_trainer(rc, progress)
-  return dict(summarize(rc.name, rc.out_dir, trainer.run(progress=progress)),
+  started = lambda resumed, step: rundir.record_launch(rc, resumed, step)
+  return dict(summarize(rc.name, rc.out_dir, trainer.run(progress=progress, on_start=started)),
               **trainer.warmup_report)
 
 

@@ -71,7 +71,9 @@ class LoopConfig:
   with `eval_group_size` samples per prompt; a checkpoint every `checkpoint_every` steps (0: off),
   the last `keep` kept; `export` the final policy (and drafter) to `out_dir/export`, and every
   `export_every` steps (0: off) to `out_dir/export/step_<N>`; step metrics go to
-  `out_dir/metrics.jsonl` and to `loggers` (`tensorboard`, `wandb`)."""
+  `out_dir/metrics.jsonl` and to `loggers` (`tensorboard`, `wandb`). `resume`: a launch into a
+  run directory of the same settings goes on from its latest checkpoint; False moves that run
+  aside and starts afresh (`rl/rundir.py`)."""
 
   out_dir: str
   steps: int
@@ -91,6 +93,7 @@ class LoopConfig:
   export: bool = False
   export_every: int = 0
   loggers: tuple[str, ...] = ("tensorboard",)
+  resume: bool = True
 
   def __post_init__(self):
     for name in ("steps", "prompts_per_step", "group_size", "micro_batches", "mini_batches",
@@ -163,13 +166,14 @@ class Trainer:
   `loop.eval_every` steps, at step 0 and at the end (`eval/accuracy`, the response lengths'
   percentiles and the fraction of groups with mixed rewards: the task's properties for this
   policy). `costs`: the cost table of `spec.chooser = "cost"`; `replay`: how the rollout's
-  noise is addressed and whether earlier responses are stored and replayed."""
+  noise is addressed and whether earlier responses are stored and replayed; `settings_digest`:
+  the run's settings (`rl/rundir.py`), kept in its checkpoints, which resume no other."""
 
   def __init__(self, workload, loop: LoopConfig, *, engine_cfg: EngineConfig, learner: Learner,
                optim: OptimConfig, spec: SpecConfig | None = None, drafter=None, adaptive=None,
                prompt_pool: list | None = None, answers: list | None = None,
                eval_prompts: list | None = None, eval_answers: list | None = None,
-               costs=None, replay: ReplayConfig = ReplayConfig()):
+               costs=None, replay: ReplayConfig = ReplayConfig(), settings_digest: str = ""):
     self.w, self.loop, self.steps = workload, loop, loop.steps
     self.out_dir = as_path(loop.out_dir)  # the run directory (`tlt_jax/paths.py`)
     prompts_per_step, group_size = loop.prompts_per_step, loop.group_size
@@ -198,11 +202,16 @@ class Trainer:
                                       adaptive, workload.tokenizer.pad_id)
     self.eval_prompts, self.eval_answers = eval_prompts, eval_answers
     self.ckpt_dir = self.out_dir / "checkpoints"
-    self.ckpt = Checkpointer(self.ckpt_dir, keep=loop.keep) if loop.checkpoint_every else None
+    self.settings_digest = settings_digest
+    # Opened here where checkpoints exist (to resume), else once the run starts: a launch that
+    # fails before its first step leaves no folder behind.
+    self.ckpt = self._checkpoints() if self.ckpt_dir.is_dir() else None
     self.step = 0
     self._collective_s, self._collective_bytes = 0.0, 0  # this step's cross-process traffic
     self.warmup_report: dict = {}
-    self.out_dir.mkdir(parents=True, exist_ok=True)
+
+  def _checkpoints(self) -> Checkpointer | None:
+    return Checkpointer(self.ckpt_dir, keep=self.loop.keep) if self.loop.checkpoint_every else None
 
   def _batch_indices(self, step: int, round_: int = 0) -> np.ndarray:
     """The data iterator, addressed by step (and top-up round): resuming at step s draws what a
@@ -300,6 +309,8 @@ class Trainer:
         "step_s": round(time.perf_counter() - t0, 4),
     }
     out["time/rollout_share"] = round(out["rollout_s"] / out["step_s"], 4)
+    if self.adaptive is not None:  # what its training added to the step, beyond idle shards
+      out["drafter/overhead"] = round(out["time/drafter_s"] / out["step_s"], 4)
     record = rollout_record(self.step, res)
     if self.memory is not None:
       self.memory.end_step()
@@ -362,16 +373,24 @@ class Trainer:
     (`rollout/weights.py`); the adaptive drafter reads its embedding and head from there."""
     self.engine.weights.set_policy(nnx.state(self.updater.model()))
 
-  def run(self, progress: bool = True) -> list[dict]:
+  def run(self, progress: bool = True, on_start=None) -> list[dict]:
     """Warms up, then trains to `steps` (resuming if the run directory has a checkpoint);
     returns this call's step records. Each record's `compile_events` counts every XLA program
-    built during its step and evaluations (0 after a complete warm-up)."""
+    built during its step and evaluations (0 after a complete warm-up). `on_start(resumed,
+    step)`: called on process 0 once the run has started (restored and warmed up), before its
+    first record; nothing is written into the run directory before."""
     progress = progress and distributed.is_writer()
     resumed = resume.restore(self)
     if self.step < self.steps:
       self.warmup_report = self.warm_up(progress)
-      if distributed.is_writer():
+    if self.ckpt is None:
+      self.ckpt = self._checkpoints()
+    if distributed.is_writer():
+      self.out_dir.mkdir(parents=True, exist_ok=True)
+      if self.warmup_report:
         (self.out_dir / "warmup.json").write_text(json.dumps(self.warmup_report))
+      if on_start is not None:
+        on_start(resumed, self.step)
     writer = RunWriter(self.out_dir, resumed, enabled=distributed.is_writer(),
                        loggers=self.loop.loggers)
     hooks = loop_hooks(self, writer)
