@@ -93,6 +93,9 @@ def main(argv):
   model = Precision(param_dtype=_DTYPE.value, compute_dtype=_DTYPE.value).apply(model)
   text = _PROMPT.value
   if _CHAT.value:
+    if not tok.chat_template:
+      raise app.UsageError(f"--chat: {_MODEL.value} has no chat template (a base model); leave "
+                           "--chat out.")
     text = tok.apply_chat_template([{"role": "user", "content": text}])
   prompt_ids = tok.encode(text)
   if len(prompt_ids) + _MAX_NEW.value > model.cfg.max_seq_len:

@@ -2,6 +2,7 @@
 kept apart from the training pool, stop tokens from `generation_config.json`, and GRPO / TLT runs
 of a tiny random Qwen2 checkpoint on a 64-row GSM8K-format file through `hf_math.py`."""
 
+import dataclasses
 import json
 import os
 
@@ -107,6 +108,89 @@ def test_rewards_by_name_sums_and_user_functions(monkeypatch):
   with pytest.raises(ConfigError,
                      match=r"'boxed' needs math-verify: pip install 'tlt_jax\[math\]'"):
     rewards.reward_fn("boxed")
+
+
+def verl_probe(data_source, solution_str, ground_truth, extra_info=None):
+  """A verl-signature reward that checks what it is given."""
+  assert data_source == "train.jsonl" and isinstance(solution_str, str)
+  assert extra_info["answer"].endswith(f"#### {ground_truth}") and "question" in extra_info
+  return float(len(solution_str) % 2)
+
+
+def trl_probe(prompts, completions, answer, question, **columns):
+  """A TRL-signature reward that checks what it is given."""
+  assert len(prompts) == len(completions) == len(answer) == len(question) > 1
+  assert all(q in p for p, q in zip(prompts, question)) and "answer" not in columns
+  return [float(len(c) % 2) for c in completions]
+
+
+def test_rewards_of_verl_s_and_trl_s_signatures_read_the_rows(data):
+  rows = load_examples(data[1])[:3]
+  texts = ["so #### 1", "#### 5", "nothing"]
+  want = [float(len(t) % 2) for t in texts]
+  for name in ("tests.test_hf_math:verl_probe", "tests.test_hf_math:trl_probe"):
+    assert rewards.batch_reward(name)(texts, rows) == want
+  gold = [r.answer for r in rows]
+  right = [f"so #### {a}" for a in gold]
+  for name in ("experiments.example_rewards:verl_gsm8k", "experiments.example_rewards:trl_gsm8k"):
+    assert rewards.batch_reward(name)(right + ["#### -1"], rows + rows[:1]) == [1.0] * 3 + [0.0]
+  verl = rewards.batch_reward("tests.test_hf_math:verl_probe")
+  with pytest.raises(AssertionError):  # data_source: the row's column wins over the file's name
+    verl(texts[:1], [dataclasses.replace(rows[0], columns={**rows[0].columns,
+                                                          "data_source": "openai/gsm8k"})])
+  with pytest.raises(ConfigError, match=r"its parameters \(completions\) fit no reward form"):
+    rewards.batch_reward("tests.test_hf_math:_one_arg")
+
+
+def _one_arg(completions):
+  return [0.0] * len(completions)
+
+
+def _base_model(directory):
+  """The chat checkpoint without its chat template: a base model."""
+  _checkpoint(directory)
+  cfg_path = os.path.join(directory, "tokenizer_config.json")
+  cfg = json.load(open(cfg_path))
+  cfg.pop("chat_template", None)
+  json.dump(cfg, open(cfg_path, "w"))
+  if os.path.exists(os.path.join(directory, "chat_template.jinja")):
+    os.remove(os.path.join(directory, "chat_template.jinja"))
+  return directory
+
+
+def test_a_base_model_takes_its_prompts_as_text_with_task_chat_left_alone(data, tmp_path):
+  base = _base_model(str(tmp_path / "base"))
+  c = hf_math.get_config("small")
+  c.model.path, c.task.dataset = base, data[1]
+  tr = build_trainer(run_config(c), progress=False)
+  text = tr.w.tokenizer.decode(tr.pool_prompts[0])
+  assert "<|im_start|>" not in text and text.endswith(c.task.get("instruction", "") or
+                                                     "after '####'.")
+  c.task.chat = True
+  with pytest.raises(ConfigError, match=r"config.task.chat=True, but the model's tokenizer has no "
+                                        r"chat template \(a base model\)"):
+    build_trainer(run_config(c), progress=False)
+  c.model.path = str(tmp_path / "nowhere")
+  with pytest.raises(ConfigError, match=r"^config.model.path='.*nowhere': "):
+    build_trainer(run_config(c), progress=False)
+  os.remove(os.path.join(base, "tokenizer.json"))
+  c.model.path = base
+  with pytest.raises(ConfigError, match=r"tokenizer.json is missing"):
+    build_trainer(run_config(c), progress=False)
+
+
+@pytest.mark.slow
+def test_a_base_model_and_verl_and_trl_rewards_train(data, tmp_path):
+  """Two GRPO steps each: a base model on GSM8K files with `task.chat` left alone and a verl
+  reward, and the chat model with a TRL reward, from the example file."""
+  base = _base_model(str(tmp_path / "base"))
+  for name, path, reward in (("verl", base, "verl_gsm8k"), ("trl", data[0], "trl_gsm8k")):
+    out = last_json(run_module(
+        "experiments.train_grpo", "--config=experiments/configs/hf_math.py:small",
+        f"--config.model.path={path}", f"--config.task.dataset={data[1]}",
+        f"--config.out_dir={tmp_path / name}", "--config.train.eval_every=0",
+        f"--config.task.reward=experiments.example_rewards:{reward}", timeout=900))
+    assert out["steps"] == 2 and 0.0 <= out["reward_last"] <= 1.0
 
 
 def _rc(data, variant="small", **task):

@@ -43,9 +43,18 @@ class Workload:
   model: object
   tokenizer: object
   prompts: list[list[int]]
-  answers: list      # what reward_fn scores against (tiny: the Problem; smollm2: the answer)
+  answers: list      # what `score` scores against (tiny: the Problem; smollm2: the answer;
+  #                    math: the dataset row, a `datasets.Example`)
   params: SamplingParams
-  reward_fn: object  # (response ids, answer) -> float; 1.0 exactly when the answer is correct
+  score: object      # (responses' ids, their answers) -> rewards, one call for a batch; 1.0
+  #                    exactly when the answer is correct
+
+  def rewards(self, result, answers: list, group_size: int) -> np.ndarray:
+    """The reward of every row of a rollout `result` of prompts with `answers`, `group_size`
+    rows each (row i answers prompt i // group_size), in one call of the task's reward."""
+    responses = [result.response(i) for i in range(len(result.lengths))]
+    rows = [answers[i // group_size] for i in range(len(responses))]
+    return np.asarray(self.score(responses, rows), np.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +87,7 @@ class WorkloadKind:
   """A workload by name: its task settings with their defaults (the first reward in `rewards` is
   the default one), its starting policy `policy(wc, progress)` -> (model, tokenizer, summary) (a
   cached stage: `tiny`'s SFT warm start), and its prompts `build(wc, tokenizer, num_prompts, seed,
-  difficulty)` -> (prompts, answers, max_new_tokens, reward_fn). `check_warm_start(recipe)`: set
+  difficulty)` -> (prompts, answers, max_new_tokens, score). `check_warm_start(recipe)`: set
   when its model section must carry a warm-start recipe, which it checks (None: none allowed)."""
 
   rewards: tuple[str, ...] | None   # None: any name of the rewards registry (tasks/rewards.py)
@@ -120,7 +129,7 @@ def workload_config(c: ml_collections.ConfigDict, rollout_keys=("engine",)) -> W
                       "path is for config.model.name='math' (experiments/configs/hf_math.py).")
   task = dict(kind.task, **check_keys(c.get("task"), "task", kind.task))
   if kind.rewards is None:
-    rewards.reward_fn(task["reward"])  # a one-line error for an unknown or unimportable reward
+    rewards.batch_reward(task["reward"])  # a one-line error for an unknown reward or form
   elif task["reward"] not in kind.rewards:
     raise ConfigError(f"config.task.reward={task['reward']!r}: the {model['name']} workload "
                       f"offers {', '.join(map(repr, kind.rewards))}.")
@@ -167,15 +176,28 @@ def _tiny(wc: WorkloadConfig, tok, num_prompts: int, seed: int, difficulty: dict
   problems = arithmetic.make_problems(num_prompts, narrowed(task, difficulty), seed, split)
   prompts = [arithmetic.encode_prompt(tok, p) for p in problems]
   if wc.reward == "answer":
-    reward_fn = lambda ids, p: arithmetic.reward(tok.decode(ids), p.answer)
+    one = lambda ids, p: arithmetic.reward(tok.decode(ids), p.answer)
   else:  # "progress": partial credit for the scratchpad steps before the first error
-    reward_fn = lambda ids, p: arithmetic.progress_reward(tok.decode(ids), p)
-  return prompts, problems, max_new, reward_fn
+    one = lambda ids, p: arithmetic.progress_reward(tok.decode(ids), p)
+  return prompts, problems, max_new, per_row(one)
+
+
+def per_row(one):
+  """A batch scorer from a reward of one (response ids, answer)."""
+  return lambda responses, answers: [one(r, a) for r, a in zip(responses, answers)]
+
+
+def _pretrained(path: str):
+  """`load_pretrained(path)`, a missing or unreadable checkpoint as one line naming the key."""
+  try:
+    return load_pretrained(path)
+  except (FileNotFoundError, ValueError) as e:
+    raise ConfigError(f"config.model.path={path!r}: {e}") from None
 
 
 def _smollm2_policy(wc: WorkloadConfig, progress: bool):
   del progress
-  model, tok = load_pretrained(wc.path or "smollm2")
+  model, tok = _pretrained(wc.path or "smollm2")
   return model, tok, {"cache": wc.path or "smollm2", "cached": True}
 
 
@@ -184,8 +206,8 @@ def _smollm2(wc: WorkloadConfig, tok, num_prompts: int, seed: int, difficulty: d
       num_prompts, narrowed(WordProblemConfig(**wc.task["word_problems"]), difficulty), seed,
       split)
   prompts = [tok.encode(chat_prompt(tok, p.question, wc.task["instruction"])) for p in problems]
-  reward_fn = lambda ids, ans: verify(tok.decode(ids), ans)
-  return prompts, [p.answer for p in problems], wc.max_new_tokens, reward_fn
+  score = per_row(lambda ids, ans: verify(tok.decode(ids), ans))
+  return prompts, [p.answer for p in problems], wc.max_new_tokens, score
 
 
 register_workload("tiny", WorkloadKind(
@@ -205,7 +227,7 @@ register_workload("smollm2", WorkloadKind(
 
 def _math_policy(wc: WorkloadConfig, progress: bool):
   del progress
-  model, tok = load_pretrained(wc.path or "smollm2")
+  model, tok = _pretrained(wc.path or "smollm2")
   return model, tok, {"cache": wc.path or "smollm2", "cached": True}
 
 
@@ -216,18 +238,18 @@ def _math(wc: WorkloadConfig, tok, num_prompts: int, seed: int, difficulty: dict
   if not wc.max_new_tokens:
     raise ConfigError("config.rollout.max_new_tokens: the math workload needs a response "
                       "length (e.g. 256).")
-  score = rewards.reward_fn(t["reward"])
-  reward_fn = lambda ids, answer: score(tok.decode(ids), answer)
+  reward = rewards.batch_reward(t["reward"])
+  score = lambda responses, rows: reward([tok.decode(ids) for ids in responses], rows)
   if not t["dataset"]:
     space = WordProblemConfig(**dict(t["word_problems"], test_fraction=t["test_fraction"]))
     problems = make_word_problems(num_prompts, narrowed(space, difficulty), seed, split)
-    examples = [Example(p.question, p.answer) for p in problems]
+    examples = [Example(p.question, p.answer, source="word_problems") for p in problems]
   else:
     examples = split_examples(t, split)
     order = np.random.default_rng(seed).permutation(len(examples))[:num_prompts]
     examples = [examples[i] for i in sorted(order)]
   prompts = [render_prompt(tok, e, t) for e in examples]
-  return prompts, [e.answer for e in examples], wc.max_new_tokens, reward_fn
+  return prompts, examples, wc.max_new_tokens, score
 
 
 def split_examples(task: Mapping, split: str) -> list[Example]:
@@ -247,14 +269,34 @@ def split_examples(task: Mapping, split: str) -> list[Example]:
   return list({e.text: e for e in test}.values())
 
 
+def uses_chat(tok, task: Mapping) -> bool:
+  """Whether text prompts go through the chat template: `task.chat` True or False, or "auto"
+  (the default): when the tokenizer has one. True for a base model is a one-line error."""
+  chat = task["chat"]
+  if isinstance(chat, str) and chat.lower() in ("true", "false"):  # as the command line gives it
+    chat = chat.lower() == "true"
+  if chat not in (True, False, "auto"):
+    raise ConfigError(f"config.task.chat={chat!r}: use 'auto' (the chat template when the "
+                      "tokenizer has one), True or False.")
+  has = bool(getattr(tok, "chat_template", None))
+  if chat is True and not has:
+    raise ConfigError("config.task.chat=True, but the model's tokenizer has no chat template (a "
+                      "base model): set config.task.chat='auto' or False.")
+  return has if chat == "auto" else chat
+
+
 def render_prompt(tok, e: Example, task: Mapping) -> list[int]:
   """The prompt's token ids: chat messages through the tokenizer's chat template; text too when
-  `task.chat` (with `task.system_prompt` and `task.instruction`), else as it is."""
+  `uses_chat` (with `task.system_prompt` and `task.instruction`), else as it is."""
   if isinstance(e.prompt, tuple):
+    if not getattr(tok, "chat_template", None):
+      raise ConfigError("The dataset's prompts are chat messages, but the model's tokenizer has "
+                        "no chat template (a base model): use a chat model, or text prompts "
+                        "(config.task.prompt_key).")
     messages = list(e.prompt)
   else:
     content = f"{e.prompt}\n{task['instruction']}" if task["instruction"] else e.prompt
-    if not task["chat"]:
+    if not uses_chat(tok, task):
       return tok.encode(content)
     messages = ([{"role": "system", "content": task["system_prompt"]}]
                 if task["system_prompt"] else []) + [{"role": "user", "content": content}]
@@ -282,7 +324,7 @@ def fitting(w: Workload, longest: int, what: str) -> Workload:
 register_workload("math", WorkloadKind(
     rewards=None,  # any name of the registry, a sum, or module:function
     task={"reward": "math", "difficulty": {}, "dataset": "", "test_dataset": "",
-          "test_fraction": 0.1, "prompt_key": "", "answer_key": "", "chat": True,
+          "test_fraction": 0.1, "prompt_key": "", "answer_key": "", "chat": "auto",
           "system_prompt": "", "instruction": MATH_INSTRUCTION,
           "word_problems": {"min_steps": 1, "max_steps": 2, "max_value": 20}},
     policy=_math_policy, build=_math, takes_path=True))
@@ -314,10 +356,10 @@ def build_workload(wc: WorkloadConfig, num_prompts: int, seed: int,
   `task.dataset`'s prompts; the generated tasks draw from their side of the hash split.
   """
   model, tok = (policy or starting_policy(wc, progress=False))[:2]
-  prompts, answers, max_new, reward_fn = get_workload(wc.name).build(
+  prompts, answers, max_new, score = get_workload(wc.name).build(
       wc, tok, num_prompts, seed, dict(difficulty or {}), split)
   params = sampling_params(wc, wc.max_new_tokens or max_new, tok.stop_ids)
-  return Workload(model, tok, prompts, answers, params, reward_fn)
+  return Workload(model, tok, prompts, answers, params, score)
 
 
 def narrowed(task, difficulty: dict):

@@ -196,3 +196,28 @@ def test_generate_cli_with_a_drafter_gives_the_same_text(checkpoint, tmp_path):
   tree, _ = generate(model, tok, tok.encode(prompt), params, drafter=str(tmp_path / "tree"),
                      depth=3, tree=(2, 4))
   assert tree == plain
+
+
+def test_an_exported_folder_stops_at_every_stop_id_of_its_generation_config(tmp_path):
+  """A Llama-3-style folder stops at eos and at a second id its generation_config lists (here
+  <|endoftext|>, id 0). Its final norm is zeroed, so every logit ties and greedy decoding picks
+  id 0 at once: transformers' generate stops after one token only if the exported folder lists
+  that id, and runs on without it."""
+  src = str(tmp_path / "src")
+  _make_checkpoint(src, "llama")
+  hf = transformers.LlamaForCausalLM.from_pretrained(src)
+  with torch.no_grad():
+    hf.model.norm.weight.zero_()
+  hf.save_pretrained(src, safe_serialization=True)
+  json.dump({"eos_token_id": [2, 0]}, open(os.path.join(src, "generation_config.json"), "w"))
+  model, tok = load_pretrained(src)
+  assert tok.stop_ids == (2, 0)
+  out = tmp_path / "export"
+  save_pretrained(model, tok, out)
+  assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == [2, 0]
+  served = transformers.AutoModelForCausalLM.from_pretrained(str(out))
+  prompt = torch.tensor([tok.encode("Hello, world")])
+  stops = served.generate(prompt, max_new_tokens=5, do_sample=False)
+  assert stops.shape[1] == prompt.shape[1] + 1 and int(stops[0, -1]) == 0
+  runs_on = served.generate(prompt, max_new_tokens=5, do_sample=False, eos_token_id=[2])
+  assert runs_on.shape[1] == prompt.shape[1] + 5

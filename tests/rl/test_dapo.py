@@ -96,7 +96,7 @@ def test_the_default_step_is_exactly_its_parts(tmp_path):
     prompts = [w.prompts[i] for i in idx]
     eng.weights.set_policy(distributed.local_copy(nnx.state(updater.model()), updater.mesh))
     res = eng.generate(prompts, 4, w.params, jax.random.fold_in(jax.random.key(0), step))
-    rewards = np.array([w.reward_fn(res.response(i), None) for i in range(16)], np.float32)
+    rewards = w.rewards(res, [None] * 4, 4)
     toks, plen, mask = pack_rows([prompts[i // 4] for i in range(16)],
                                  [res.response(i) for i in range(16)], tr.prompt_bucket,
                                  w.params.max_new_tokens, 0)

@@ -16,10 +16,10 @@ from tlt_jax.rl.trainer import LoopConfig, Trainer
 from tlt_jax.rl.update import OptimConfig
 
 
-def trainer(out_dir, steps, reward_fn=None, checkpoint_every=1):
+def trainer(out_dir, steps, score=None, checkpoint_every=1):
   w = workload()
-  if reward_fn is not None:
-    w.reward_fn = reward_fn
+  if score is not None:
+    w.score = score
   return Trainer(w, LoopConfig(str(out_dir), steps, prompts_per_step=4, group_size=4,
                                checkpoint_every=checkpoint_every),
                  engine_cfg=engine(),
@@ -31,9 +31,9 @@ def test_nan_in_the_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
   fresh = trainer(tmp_path / "fresh", 1).updater
   saved, _, _ = Checkpointer(tmp_path / "checkpoints").restore(
       {"params": fresh.params, "opt": fresh.opt_state})
-  poisoned = lambda ids, ans: float("nan")
+  poisoned = lambda responses, answers: [float("nan")] * len(responses)
   with pytest.raises(TrainingError, match="last good checkpoint is step 2"):
-    trainer(tmp_path, 4, reward_fn=poisoned).run(progress=False)
+    trainer(tmp_path, 4, score=poisoned).run(progress=False)
   ck = Checkpointer(tmp_path / "checkpoints")
   assert ck.latest_step() == 2
   after, meta, _ = ck.restore(saved)

@@ -19,7 +19,7 @@ from tlt_jax.rl.trainer import LoopConfig, Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.spec.strategy import SpecConfig, Strategy
-from tlt_jax.workloads import Workload
+from tlt_jax.workloads import Workload, per_row
 
 
 class _Tok:
@@ -34,7 +34,7 @@ def workload(seed=0):
   prompts = [rng.integers(3, 53, size=int(rng.integers(2, 8))).tolist() for _ in range(32)]
   params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_tokens=(9,))
   return Workload(m, _Tok(), prompts, [None] * 32, params,
-                  lambda ids, ans: float(7 in ids))
+                  per_row(lambda ids, ans: float(7 in ids)))
 
 
 def engine(**kw) -> EngineConfig:

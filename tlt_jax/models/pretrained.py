@@ -112,8 +112,8 @@ def load_hf_folder(directory: str, dtype: str = "float32") -> tuple[Transformer,
   tokenizer)."""
   cfg_path = os.path.join(directory, "config.json")
   if not os.path.exists(cfg_path):
-    raise FileNotFoundError(f"{cfg_path} is missing: point --model at a Hugging Face checkpoint "
-                            "folder (config.json, *.safetensors, tokenizer.json).")
+    raise FileNotFoundError(f"{cfg_path} is missing: give a Hugging Face checkpoint folder "
+                            "(config.json, *.safetensors, tokenizer.json).")
   cfg = config_from_hf(json.load(open(cfg_path)), cfg_path, dtype)
   tensors = _read_safetensors(directory)
   if cfg.tie_embeddings is False and "lm_head.weight" not in tensors:

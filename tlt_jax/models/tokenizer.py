@@ -46,13 +46,16 @@ class TextTokenizer:
   def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
     """Renders `messages` with the checkpoint's Jinja chat template (as `transformers` does)."""
     if not self.chat_template:
-      raise ValueError("This tokenizer has no chat template; pass --chat only for chat models.")
+      raise ValueError("This tokenizer has no chat template (a base model): render its prompts "
+                       "as plain text.")
     return _compiled_template(self.chat_template).render(
         messages=messages, add_generation_prompt=add_generation_prompt,
         bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
   def save(self, directory: str | os.PathLike) -> None:
-    """Writes `tokenizer.json` and `tokenizer_config.json` (with the chat template)."""
+    """Writes `tokenizer.json`, `tokenizer_config.json` (with the chat template) and
+    `generation_config.json` with every stop id, so that the saved model stops where this one
+    does wherever it is served."""
     directory = as_path(directory)
     (directory / "tokenizer.json").write_text(self.tokenizer.to_str(pretty=True))
     cfg = {"bos_token": self.bos_token, "eos_token": self.eos_token,
@@ -60,6 +63,11 @@ class TextTokenizer:
     if self.chat_template:
       cfg["chat_template"] = self.chat_template
     (directory / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    if self.stop_ids:
+      gen = {"eos_token_id": list(self.stop_ids)}
+      if self.bos_id is not None:
+        gen["bos_token_id"] = self.bos_id
+      (directory / "generation_config.json").write_text(json.dumps(gen, indent=2))
 
   @classmethod
   def from_hf_folder(cls, directory: str) -> "TextTokenizer":

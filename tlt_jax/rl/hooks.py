@@ -77,8 +77,7 @@ def evaluate(trainer) -> tuple[dict, list[float]]:
   paired before/after comparison needs)."""
   g = trainer.loop.eval_group_size
   res = trainer.generate(trainer.eval_prompts, g, trainer.key(_EVAL_KEY)).whole
-  rewards = np.array([trainer.w.reward_fn(res.response(i), trainer.eval_answers[i // g])
-                      for i in range(len(res.lengths))], np.float32)
+  rewards = trainer.w.rewards(res, trainer.eval_answers, g)
   correct_NxG = (rewards >= 1.0).reshape(-1, g).astype(np.float32)
   stats = group_stats(correct_NxG, res.lengths)  # accuracy, lengths, mixed-reward groups
   return ({f"eval/{k}": v for k, v in stats.items()} | {"eval/reward": float(rewards.mean())},

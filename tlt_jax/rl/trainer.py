@@ -331,8 +331,7 @@ class Trainer:
     spread = self.generate(prompts, g, key, capture_hidden=self.adaptive is not None, **kw)
     res = spread.whole
     answers = [self.pool_answers[i] for i in idx]
-    rewards = np.array([self.w.reward_fn(res.response(i), answers[i // g])
-                        for i in range(len(res.lengths))], np.float32)
+    rewards = self.w.rewards(res, answers, g)
     responses = [res.response(i) for i in range(len(rewards))]
     if self.memory is not None:
       self.memory.record(request["addresses"], responses)

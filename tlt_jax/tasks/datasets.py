@@ -24,11 +24,14 @@ from tlt_jax.tasks.math_answers import boxed_content
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-  """One row: the prompt (text, or chat messages to render with the tokenizer's template) and
-  the gold answer as written."""
+  """One row: the prompt (text, or chat messages to render with the tokenizer's template), the
+  gold answer as written, and what a reward may read besides (`tasks/rewards.py`): the file it
+  came from (`source`) and the row's columns as they are."""
 
   prompt: str | tuple
   answer: str
+  source: str = ""
+  columns: dict = dataclasses.field(default_factory=dict, compare=False)
 
   @property
   def text(self) -> str:
@@ -109,8 +112,10 @@ def _prompt(value, where: str) -> str | tuple:
 
 
 def load_examples(path: str, prompt_key: str = "", answer_key: str = "") -> list[Example]:
-  """Every row of a dataset file as an `Example`."""
-  out = [example(r, path, n, prompt_key, answer_key) for n, r in enumerate(read_rows(path), 1)]
+  """Every row of a dataset file as an `Example` (with its file's name and its columns)."""
+  source = os.path.basename(path)
+  out = [dataclasses.replace(example(r, path, n, prompt_key, answer_key), source=source,
+                             columns=r) for n, r in enumerate(read_rows(path), 1)]
   if not out:
     raise ConfigError(f"{path} holds no rows.")
   return out

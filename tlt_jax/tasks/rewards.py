@@ -6,9 +6,18 @@
   format   1 when the response gives its final answer where the prompt asked for it (`#### N`
            or `\\boxed{...}`)
   a+b      the sum of named rewards, e.g. `math+format`
-  module:function   the user's own `(response_text, answer) -> float`
+  module:function   the user's own, in one of three forms told apart by its parameters' names:
+           ours        `(response_text, answer) -> float`
+           verl's      `(data_source, solution_str, ground_truth, extra_info=None) -> float`:
+                       `data_source` the row's column of that name, else the dataset file's
+                       name; `extra_info` the row's other columns (its own `extra_info` column's
+                       keys merged in)
+           TRL's       `(prompts, completions, **columns) -> list[float]`, batched: the prompts'
+                       and responses' texts, each dataset column as a list (the gold answer as
+                       `answer`), one entry per row
 
-An unknown name, an unimportable path or a wrong signature is a one-line error before any work.
+A run scores a rollout in one call (`batch_reward`). An unknown name, an unimportable path or a
+signature of none of these forms is a one-line error before any work.
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ except ImportError:
   math_verify = None
 
 RewardFn = Callable[[str, str], float]
+# (response texts, their rows as `datasets.Example`) -> one reward per row
+BatchReward = Callable[[list, list], list]
 _STATED = re.compile(r"####\s*\S|\\boxed\{")
 
 
@@ -55,10 +66,15 @@ REWARDS: dict[str, RewardFn] = {"math": math_reward, "boxed": boxed_reward,
 
 
 def reward_fn(name: str) -> RewardFn:
-  """The reward `name` (see the module docstring); raises `ConfigError` naming the problem."""
+  """The reward `name` of one response (see the module docstring; a user's function of our form
+  too); raises `ConfigError` naming the problem."""
   at = f"config.task.reward={name!r}"
   if ":" in name:
-    return _user_reward(name, at)
+    fn, form = _user_reward(name, at)
+    if form != "text":
+      raise ConfigError(f"{at}: a {form} reward scores rows, not a text and an answer; use "
+                        "batch_reward.")
+    return fn
   parts = [p.strip() for p in name.split("+")]
   unknown = [p for p in parts if p not in REWARDS]
   if unknown:
@@ -72,17 +88,65 @@ def reward_fn(name: str) -> RewardFn:
   return lambda response, answer: float(sum(f(response, answer) for f in fns))
 
 
-def _user_reward(name: str, at: str) -> RewardFn:
+def batch_reward(name: str) -> BatchReward:
+  """The reward `name` over a batch: `(response texts, rows) -> rewards`, each row an `Example`
+  (its prompt, answer, source file and columns); every form of the module docstring."""
+  at = f"config.task.reward={name!r}"
+  if ":" not in name:
+    fn = reward_fn(name)
+    return lambda texts, rows: [fn(t, r.answer) for t, r in zip(texts, rows)]
+  fn, form = _user_reward(name, at)
+  if form == "text":
+    return lambda texts, rows: [fn(t, r.answer) for t, r in zip(texts, rows)]
+  if form == "verl":
+    return lambda texts, rows: [fn(_data_source(r), t, r.answer, _extra_info(r))
+                                for t, r in zip(texts, rows)]
+
+  def trl(texts, rows):
+    names = dict.fromkeys(k for r in rows for k in r.columns if k not in ("prompt", "answer"))
+    out = fn(prompts=[r.text for r in rows], completions=list(texts),
+             answer=[r.answer for r in rows],
+             **{k: [r.columns.get(k) for r in rows] for k in names})
+    if len(out) != len(rows):
+      raise ValueError(f"{name} returned {len(out)} rewards for {len(rows)} completions.")
+    return out
+  return trl
+
+
+def _data_source(row) -> str:
+  return str(row.columns.get("data_source") or row.source)
+
+
+def _extra_info(row) -> dict:
+  extra = row.columns.get("extra_info")
+  other = {k: v for k, v in row.columns.items() if k not in ("prompt", "data_source")}
+  return {**other, **(extra if isinstance(extra, dict) else {})}
+
+
+_FORMS = ("(response_text, answer) -> float, verl's (data_source, solution_str, ground_truth, "
+          "extra_info) -> float or TRL's (prompts, completions, **columns) -> list[float]")
+
+
+def _user_reward(name: str, at: str) -> tuple[Callable, str]:
+  """The user's function and its form ("text", "verl" or "trl"), told apart by its parameters'
+  names."""
   module, _, function = name.partition(":")
   try:
     fn = getattr(importlib.import_module(module), function)
   except (ImportError, AttributeError) as e:
     raise ConfigError(f"{at}: cannot import it ({type(e).__name__}: {e}).") from None
   try:
-    params = [p for p in inspect.signature(fn).parameters.values()
-              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    params = list(inspect.signature(fn).parameters.values())
   except (TypeError, ValueError):
     params = []
-  if not callable(fn) or len(params) < 2:
-    raise ConfigError(f"{at}: a reward must be a function (response_text, answer) -> float.")
-  return fn
+  names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  if not callable(fn):
+    raise ConfigError(f"{at}: a reward must be a function: {_FORMS}.")
+  if {"data_source", "solution_str", "ground_truth"} <= set(names):
+    return fn, "verl"
+  if names[:2] == ["prompts", "completions"] and any(p.kind == p.VAR_KEYWORD for p in params):
+    return fn, "trl"
+  if len(names) >= 2 and "completions" not in names:
+    return fn, "text"
+  raise ConfigError(f"{at}: its parameters ({', '.join(p.name for p in params)}) fit no "
+                    f"reward form; a reward is {_FORMS}.")
