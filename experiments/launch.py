@@ -120,6 +120,12 @@ def _unknown_key(config, arg: str, path: str) -> str:
   return ""
 
 
+def key_problem(config, arg: str, path: str) -> str:
+  """'' when `arg` (`--config.a.b=v`) sets a key the config file holds or its schema allows;
+  else the one-line message naming the nearest known key."""
+  return "" if _has_path(config, _override_path(arg)) else _unknown_key(config, arg, path)
+
+
 def _is_run_config(config) -> bool:
   """Whether `config` holds a run's sections (`tlt_jax/rl/config.py`; a benchmark's take the
   workload's), whose schema applies."""

@@ -20,14 +20,14 @@ _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/hf_math
 def main(argv):
   del argv
   rc = run_config(_CONFIG.value, other_keys=("sweep",))
-  cfg = planned_shape(rc)
+  cfg, source = planned_shape(rc)
   plan = plan_for(rc, cfg, rc.plan)
   target = rc.plan
-  print(f"{rc.name}: {target.shape or rc.workload.name} on {target.processes} process(es) x "
+  print(f"{rc.name}: the model of {source} on {target.processes} process(es) x "
         f"{target.devices} device(s) of {target.device_gb:g} GB; computed from shapes, not "
         "measured\n")
   print(plan.table())
-  print(json.dumps(dict(plan.summary(), name=rc.name, shape=target.shape or rc.workload.name,
+  print(json.dumps(dict(plan.summary(), name=rc.name, shape=source,
                         processes=target.processes, devices=target.devices)))
 
 

@@ -1,10 +1,13 @@
-"""Runs every point of a config's sweep grid, one run directory each; the last line is one JSON
-object listing the points and their final figures.
+"""Runs every point of a sweep grid, one run directory each; the last line is one JSON object
+listing the points and their final figures. The grid comes from the command line (`--grid`, a
+JSON object of dotted config fields to lists of values) or from the config's `sweep` field.
 
   python -m experiments.sweep --config=experiments/configs/tiny_seeds.py
+  python -m experiments.sweep --config=experiments/configs/tiny_baseline.py \
+      --grid='{"rl.optim.lr": [1e-4, 3e-4], "seed": [0, 1]}'
 Re-running the same command resumes: finished points are skipped, a killed one resumes from its
 latest checkpoint. Points run one after the other, each in its own process; other `--config.*`
-overrides apply to every point.
+overrides apply to every point. A field no config section has is one line before any point runs.
 """
 
 import json
@@ -16,18 +19,28 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import launch
+from tlt_jax.errors import ConfigError
 from tlt_jax.rl.compare import read_metrics
-from tlt_jax.sweep import grid_points, point_args, point_name
+from tlt_jax.sweep import as_grid, grid_points, point_args, point_name
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "A launcher config with a `sweep` grid.")
+_CONFIG = config_flags.DEFINE_config_file("config", None, "A launcher config (its `sweep` grid "
+                                          "unless --grid gives one).")
+_GRID = flags.DEFINE_string("grid", "", "The grid as JSON: {\"dotted.field\": [values...]}.")
 _MODULE = flags.DEFINE_string("module", "experiments.train_grpo", "The launcher each point runs.")
 
 
 def main(argv):
   del argv
   c = _CONFIG.value
-  points = grid_points(dict(c.get("sweep", {})))
+  try:
+    points = grid_points(as_grid(_GRID.value or c.get("sweep") or {}))
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   config_arg = next(a for a in sys.argv if a.startswith("--config="))
+  for field in points[0]:  # each a key the launcher takes: one line before any point runs
+    problem = launch.key_problem(c, f"--config.{field}=", config_arg.split("=", 1)[1])
+    if problem:
+      raise ConfigError(f"the sweep's {problem}")
   overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]  # apply to every point
   results = []
   for i, point in enumerate(points):

@@ -16,6 +16,7 @@ from experiments.configs import hf_math, tiny_baseline, tiny_tlt
 from tests.conftest import FAST_COMPILE
 from tlt_jax.errors import ConfigError
 from tlt_jax.rl.config import run_config
+from tlt_jax.rl.pictures import run_labels
 from tlt_jax.rl.run import build_trainer, run_stages
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -200,3 +201,35 @@ def test_the_slurm_template_is_bash_and_its_example_command_is_a_valid_run():
   for arg in args[1:]:
     assert launch._has_path(c, launch._override_path(arg)) or not launch._unknown_key(
         c, arg, config_path), arg
+
+
+@pytest.mark.slow
+def test_a_sweep_from_the_command_line_and_from_a_config_then_its_pictures(tmp_path):
+  """Two points from `--grid`, two from a config's `sweep` of (dotted field, values) pairs; a
+  field no section has is one line before any point runs; `experiments.plot` draws the points'
+  curves, each labelled by its directory (their run names are the same)."""
+  quick = ("--config.train.steps=1", "--config.train.eval_every=0")
+  out = last_json(run_module("experiments.sweep",
+                             "--config=experiments/configs/tiny_baseline.py:small",
+                             '--grid={"rl.optim.lr": [1e-4, 2e-4]}',
+                             f"--config.out_dir={tmp_path}/cli", *quick))
+  assert [p["point"] for p in out["points"]] == [{"rl.optim.lr": 1e-4}, {"rl.optim.lr": 2e-4}]
+  runs = [p["run_dir"] for p in out["points"]]
+  config = tmp_path / "swept.py"
+  config.write_text("from experiments.configs import tiny_baseline\n\n\ndef get_config():\n"
+                    "  c = tiny_baseline.get_config('small')\n"
+                    "  c.sweep = (('rl.grpo.aggregation', ('token', 'sequence')),)\n"
+                    "  return c\n")
+  out = last_json(run_module("experiments.sweep", f"--config={config}",
+                             f"--config.out_dir={tmp_path}/file", *quick))
+  assert [p["point"]["rl.grpo.aggregation"] for p in out["points"]] == ["token", "sequence"]
+  bad = run_module("experiments.sweep", "--config=experiments/configs/tiny_baseline.py:small",
+                   '--grid={"rl.optim.lrr": [1]}', f"--config.out_dir={tmp_path}/bad")
+  assert bad.returncode != 0 and "Traceback" not in bad.stderr
+  assert "did you mean config.rl.optim.lr?" in bad.stderr.strip().splitlines()[-1]
+  assert not os.path.exists(tmp_path / "bad")
+  assert run_labels(runs) == [os.path.basename(r) for r in runs]  # both named tiny_baseline
+  plots = last_json(run_module("experiments.plot", *runs))["plots"]
+  assert sorted(os.path.basename(p) for p in plots) == ["response_length.png", "reward.png"]
+  assert all(p.startswith(os.path.join(runs[0], "plots")) and os.path.getsize(p) > 0
+             for p in plots)

@@ -2,10 +2,11 @@
 
 import json
 
+import ml_collections
 import pytest
 
 from tlt_jax.rl.compare import amdahl_bound, compare_runs, read_metrics
-from tlt_jax.sweep import grid_points, point_args, point_name
+from tlt_jax.sweep import as_grid, grid_points, point_args, point_name
 
 
 def write_run(path, rows):
@@ -54,7 +55,19 @@ def test_sweep_grid_points_and_arguments():
   args = point_args("--config=c.py", pts[1], "runs/sw")
   assert args == ["--config=c.py", "--config.out_dir=runs/sw/seed=0,optim.lr=0.002",
                   "--config.seed=0", "--config.optim.lr=0.002"]
-  with pytest.raises(ValueError, match="declares no sweep"):
+  with pytest.raises(ValueError, match="No sweep grid"):
     grid_points({})
-  with pytest.raises(ValueError, match="non-empty tuple"):
+  with pytest.raises(ValueError, match="non-empty list"):
     grid_points({"seed": 3})
+
+
+def test_a_grid_in_each_written_form():
+  want = {"rl.optim.lr": [1e-4, 2e-4], "seed": [0, 1]}
+  assert as_grid('{"rl.optim.lr": [1e-4, 2e-4], "seed": [0, 1]}') == want
+  assert as_grid((("rl.optim.lr", [1e-4, 2e-4]), ("seed", [0, 1]))) == want
+  assert as_grid(ml_collections.ConfigDict({"rl": {"optim": {"lr": [1e-4, 2e-4]}},
+                                            "seed": [0, 1]})) == want
+  with pytest.raises(ValueError, match="--grid is not a JSON object"):
+    as_grid("{rl.optim.lr: [1]}")
+  with pytest.raises(ValueError, match="must be \\(field, values\\) pairs"):
+    as_grid(("seed",))

@@ -2,6 +2,7 @@
 recipes planned on CPU, and the one-line error of a run that cannot fit its devices."""
 
 import dataclasses
+import json
 import re
 
 import jax
@@ -29,7 +30,26 @@ def _plan(variant, **train):
   c = hf_math.get_config(variant)
   c.train.update(train)
   rc = run_config(c)
-  return run.plan_for(rc, run.planned_shape(rc), rc.plan)
+  return run.plan_for(rc, run.planned_shape(rc)[0], rc.plan)
+
+
+def test_a_recipe_with_a_model_path_plans_that_model_and_says_so(tmp_path, capsys):
+  """`plan_memory` of the 1.5B recipe given a model folder plans the folder's model (here a
+  small Qwen2), not the recipe's shape, and names what it planned."""
+  cfg = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=320,
+             hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+             rope_theta=1e6, tie_word_embeddings=False)
+  (tmp_path / "config.json").write_text(json.dumps(cfg))
+  c = hf_math.get_config("qwen2p5_1p5b_8xh100")
+  c.model.path = str(tmp_path)
+  rc = run_config(c)
+  shape, source = run.planned_shape(rc)
+  assert (shape.d_model, shape.n_layers, source) == (64, 2, f"model.path {tmp_path}")
+  recipe = run.planned_shape(run_config(hf_math.get_config("qwen2p5_1p5b_8xh100")))
+  assert recipe[0].d_model == 1536 and recipe[1] == "plan.shape qwen2p5_1p5b"
+  rows = {name: b for name, b, _ in run.plan_for(rc, shape, rc.plan).rows}
+  assert rows["parameters"] < 1e6  # the small model's, not 1.5B's
 
 
 def test_parameter_bytes_are_the_models_and_split_over_the_update_mesh():
@@ -38,7 +58,7 @@ def test_parameter_bytes_are_the_models_and_split_over_the_update_mesh():
   rc = run_config(c)
   weights = sum(x.nbytes for x in jax.tree.leaves(nnx.state(init_model(PRESETS["tiny"]),
                                                             nnx.Param)))
-  plan = run.plan_for(rc, run.planned_shape(rc), PlanTarget(device_gb=1.0))
+  plan = run.plan_for(rc, run.planned_shape(rc)[0], PlanTarget(device_gb=1.0))
   rows = {name: b for name, b, _ in plan.rows}
   assert rows["parameters"] == weights and rows["optimizer state"] == 2 * weights
   c.train.mesh_shape = (1, -1, 1)  # fsdp halves every weight whose width splits evenly
@@ -63,7 +83,7 @@ def test_the_gpu_recipes_planned_on_cpu():
   c = hf_math.get_config("qwen2p5_7b_64xh100")
   c.rollout.engine.num_shards = 2
   rc = run_config(c)
-  half = run.plan_for(rc, run.planned_shape(rc), rc.plan)
+  half = run.plan_for(rc, run.planned_shape(rc)[0], rc.plan)
   gathered = dict((n, b) for n, b, _ in half.rows)["gathered policy"]
   assert gathered == pytest.approx(7.6e9 * 4, rel=0.01)  # float32 Qwen2.5-7B
   assert half.total_bytes - gathered == pytest.approx(big.total_bytes, rel=1e-9)
@@ -81,7 +101,7 @@ def test_a_run_that_cannot_fit_its_device_is_one_line(monkeypatch):
   rc = run_config(c)
   with pytest.raises(ConfigError, match=r"needs \d+\.\d GB per device and the device has 2\.0 GB;"
                                         r" the largest part is update activations"):
-    run.check_fits(rc, run.planned_shape(rc), 8192)
+    run.check_fits(rc, run.planned_shape(rc)[0], 8192)
 
 
 def test_a_kv_budget_sets_max_batch_to_the_largest_bucket_that_fits(capsys):

@@ -1,7 +1,10 @@
-"""Two pictures of a baseline run and a TLT run, from their run directories (`compare.py` reads
-the same records): `reward_curves` (batch reward and held-out accuracy by step and by wall time)
+"""Pictures of runs from their run directories (`compare.py` reads the same records): of any
+runs, `run_curves` (batch reward, held-out accuracy, response length and, where a run
+speculated, accepted length by step: `python -m experiments.plot RUN [RUN ...]`); of a baseline
+run and a TLT run, `reward_curves` (batch reward and held-out accuracy by step and by wall time)
 and `rollout_anatomy` (the live rows over one rollout with its speculative dispatches, and the
-accepted length by step). The demo saves both next to its runs; the notebooks draw them too."""
+accepted length by step). The demo saves the pair's next to its runs; the notebooks draw them
+too."""
 
 from __future__ import annotations
 
@@ -29,9 +32,7 @@ def reward_curves(baseline_dir: str, tlt_dir: str, path: str | None = None) -> F
     wall = np.cumsum([m["step_s"] for m in ms])
     axes[0].plot([m["step"] for m in ms], [m["reward"] for m in ms], style, label=name)
     axes[1].plot(wall, [m["reward"] for m in ms], style, label=name)
-    evals = [(m["step"], m["eval/accuracy"]) for m in ms if "eval/accuracy" in m]
-    if "eval/final_accuracy" in ms[-1]:
-      evals.append((ms[-1]["step"] + 1, ms[-1]["eval/final_accuracy"]))
+    evals = _heldout(ms)
     if evals:
       axes[2].plot(*zip(*evals), style, label=name)
   axes[0].set(xlabel="RL step", ylabel="batch reward", title="reward by step")
@@ -44,6 +45,63 @@ def reward_curves(baseline_dir: str, tlt_dir: str, path: str | None = None) -> F
   if path:
     _save(fig, path)
   return fig
+
+
+def _heldout(ms: list[dict]) -> list[tuple]:
+  """(steps done, held-out accuracy) of a run's evaluations, the final one included."""
+  evals = [(m["step"], m["eval/accuracy"]) for m in ms if "eval/accuracy" in m]
+  if "eval/final_accuracy" in ms[-1]:
+    evals.append((ms[-1]["step"] + 1, ms[-1]["eval/final_accuracy"]))
+  return evals
+
+
+# name -> (y label, the (x, y) points of a run's records); x is the RL step (steps done for
+# held-out accuracy)
+CURVES = {
+    "reward": ("batch reward", lambda ms: [(m["step"], m["reward"]) for m in ms]),
+    "heldout_accuracy": ("held-out accuracy", _heldout),
+    "response_length": ("response length, median (tokens)",
+                        lambda ms: [(m["step"], m["rollout/length_p50"]) for m in ms
+                                    if "rollout/length_p50" in m]),
+    "accept_len": ("accepted length (tokens per speculative step)",
+                   lambda ms: [(m["step"], m["spec/accept_len"]) for m in ms
+                               if m.get("spec/accept_len")]),
+}
+
+
+def run_labels(run_dirs: list[str]) -> list[str]:
+  """Each run's name (its `config.json`), or its directory's name where names repeat or a run
+  has no record."""
+  names = []
+  for d in run_dirs:
+    record = as_path(d) / "config.json"
+    name = json.loads(record.read_text())["config"].get("name") if record.exists() else None
+    names.append(name or as_path(d).name)
+  return [n if names.count(n) == 1 else as_path(d).name for n, d in zip(names, run_dirs)]
+
+
+def run_curves(run_dirs: list[str], out_dir: str) -> list[str]:
+  """One PNG per curve of `CURVES` that any of the runs has points for, each run a labelled
+  line, in `out_dir`; returns the paths written."""
+  runs = [(label, read_metrics(d)) for label, d in zip(run_labels(run_dirs), run_dirs)]
+  as_path(out_dir).mkdir(parents=True, exist_ok=True)
+  written = []
+  for name, (ylabel, points) in CURVES.items():
+    fig = Figure(figsize=(6, 3.8))
+    ax = fig.subplots()
+    for label, ms in runs:
+      xy = points(ms)
+      if xy:
+        ax.plot(*zip(*xy), "o-" if len(xy) < 40 else "-", label=label)
+    if not ax.has_data():
+      continue
+    ax.set(xlabel="RL steps done" if name == "heldout_accuracy" else "RL step", ylabel=ylabel,
+           title=ylabel.split(" (")[0])
+    ax.legend()
+    fig.tight_layout()
+    written.append(str(as_path(out_dir) / f"{name}.png"))
+    _save(fig, written[-1])
+  return written
 
 
 def _save(fig: Figure, path: str) -> None:
