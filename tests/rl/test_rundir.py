@@ -43,9 +43,11 @@ def test_a_run_directory_takes_no_other_run_and_records_each_launch(tmp_path):
   run(run_config(_config(out)), progress=False)
   before = _files(out)
   assert "config.json" in before and "checkpoints/1/meta/metadata" in before
-  other = _config(out, rl__optim__lr=1e-3, task__reward="progress")
-  with pytest.raises(ConfigError, match=r"differ in rl.optim.lr, task.reward; use a new out_dir, "
-                                        r"or --config.train.resume=False"):
+  other = _config(out, rl__optim__lr=1e-3, task__reward="progress",
+                  model__warm_start__train__steps=10)  # another model: its warm start's recipe
+  with pytest.raises(ConfigError, match=r"differ in model.warm_start.train.steps, rl.optim.lr, "
+                                        r"task.reward; use a new out_dir, or "
+                                        r"--config.train.resume=False"):
     run(run_config(other), progress=False)
   assert _files(out) == before  # byte for byte
   # A longer run of the same settings resumes and says what it changed; config.json stays.
