@@ -29,7 +29,8 @@ from experiments.benchmarks import proof  # noqa: E402
 from experiments.configs import gpu_proof as proof_config  # noqa: E402
 from tlt_jax.errors import ConfigError  # noqa: E402
 from tlt_jax.hashing import git_commit  # noqa: E402
-from tlt_jax.workloads import build_drafter, build_workload, drafter_recipe, workload_config  # noqa: E402,E501
+from tlt_jax.workloads import (build_drafter, build_workload, drafter_recipe,  # noqa: E402
+                               workload_config)
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/gpu_proof.py")
 _DRY = flags.DEFINE_bool("dry_run", False, "Every phase on CPU at toy sizes (the config's "

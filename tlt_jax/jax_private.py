@@ -1,20 +1,25 @@
-"""The two uses of JAX internals, in one place, checked against the JAX versions they were tested
+"""The uses of JAX internals, in one place, checked against the JAX versions they were tested
 with (`TESTED`, pyproject's range): the distributed client's barrier with a timeout (public
-`multihost_utils.sync_global_devices` has none and runs a device collective) and XLA's compile
-options for a device assignment (what `rollout/relocate.py` loads a serialised executable with).
-Outside the range each raises one line saying so; `tests/test_jax_private.py` exercises both.
+`multihost_utils.sync_global_devices` has none and runs a device collective), XLA's compile
+options for a device assignment, and loading a serialised executable onto other devices with
+them (JAX's private unpickler; what `rollout/relocate.py` moves programs between shards with).
+Outside the range each raises one line saying so; `tests/test_jax_private.py` and the
+relocation tests exercise them.
 """
 
 from __future__ import annotations
 
+import io
+
 import jax
 import numpy as np
 
-try:  # a JAX that moved these makes the two functions below raise, not the package's import
+try:  # a JAX that moved these makes the functions below raise, not the package's import
   from jax._src import compiler
   from jax._src import distributed as jax_distributed
+  from jax.experimental import serialize_executable
 except ImportError:  # pragma: no cover
-  compiler = jax_distributed = None
+  compiler = jax_distributed = serialize_executable = None
 
 TESTED = ((0, 10), (0, 13))  # [lowest, highest): major.minor of the JAX releases tested
 
@@ -39,3 +44,25 @@ def compile_options(num_partitions: int, device_ids):
   _check()
   return compiler.get_compile_options(num_replicas=1, num_partitions=num_partitions,
                                       device_assignment=np.array([list(device_ids)]))
+
+
+def load_executable(payload: bytes, devices, moves: dict):
+  """A serialised executable's pickled payload (`serialize_executable.serialize`'s first part)
+  loaded with its devices replaced by `moves` (old device id -> device) and compiled for
+  `devices`: (the unloaded executable, its args info, whether it takes no kwargs)."""
+  _check()
+
+  class Unpickler(serialize_executable._JaxPjrtUnpickler):  # pylint: disable=protected-access
+
+    def __init__(self):
+      super().__init__(io.BytesIO(payload), devices[0].client, list(devices))
+      self.devices_by_id = moves
+      self.options = compile_options(len(devices), [d.id for d in devices])
+
+    def persistent_load(self, pid):
+      if pid[0] == "exec":
+        return self.backend.deserialize_executable(
+            pid[1], executable_devices=self.execution_devices, compile_options=self.options)
+      return super().persistent_load(pid)
+
+  return Unpickler().load()

@@ -188,7 +188,8 @@ def c_grpo(ctx: Context) -> dict:
           "first_parting_step": parted[0] if parted else None,
           "reward_baseline": by_step(base, "reward"), "reward_tlt": by_step(tlt, "reward"),
           "accept_len_by_step": by_step(tlt, "spec/accept_len"),
-          "rollout_s_baseline": by_step(base, "rollout_s"), "rollout_s_tlt": by_step(tlt, "rollout_s"),
+          "rollout_s_baseline": by_step(base, "rollout_s"),
+          "rollout_s_tlt": by_step(tlt, "rollout_s"),
           "drafter_share_of_step": round(sum(drafter_s) / sum(m["step_s"] for m in tlt), 4),
           "drafter_versions": by_step(tlt, "drafter/version"), "runs": warmup}
 
@@ -242,7 +243,8 @@ def _update_step(cfg: ModelConfig, d) -> tuple[float, float | None]:
   (None where the device does not report it)."""
   model = init_model(cfg, seed=0)
   sampling = SamplingParams(temperature=1.0, max_new_tokens=d.new_tokens)
-  updater = PolicyUpdater(model, make_mesh(devices=jax.local_devices()[:1]), learner_from_section({"learner": "grpo"}),
+  updater = PolicyUpdater(model, make_mesh(devices=jax.local_devices()[:1]),
+                          learner_from_section({"learner": "grpo"}),
                           OptimConfig(lr=1e-6, total_steps=10), sampling,
                           micro_batches=d.micro_batches)
   del model

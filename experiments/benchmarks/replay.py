@@ -14,7 +14,7 @@ import numpy as np
 from experiments.benchmarks.cost import cost_table
 from tlt_jax.rl.config import run_config
 from tlt_jax.rl.run import build_trainer
-from tlt_jax.rollout.history import History
+from tlt_jax.rollout.history import StoredResponses
 
 # Steps since a prompt's last visit, grouped: (lowest, highest) of each group.
 GAPS = ((1, 1), (2, 2), (3, 3), (4, 4), (5, 8), (9, 10**9))
@@ -36,7 +36,7 @@ def _recorder(trainer) -> list:
 
   def recording(addresses, responses):
     for address, new, old in zip(addresses, responses, memory.history.lookup(addresses)):
-      key = History.sample_key(address)
+      key = StoredResponses.sample_key(address)
       if old is not None:
         rows.append((trainer.step - last[key], common_prefix(old, new), len(new)))
       last[key] = trainer.step

@@ -3,10 +3,10 @@
 adapting to the policy (spot training from captured hidden states, checked publishing) on rollout
 shards that finish early (`rollout.engine.num_shards` > 1; on CPU with fake devices). With one
 device there is no idle window, and this recipe gives it no budget: it only checks and publishes
-(`drafter/overhead` is that check's share of the step); set `drafter.adaptive.spot.budget_s` (seconds),
-`budget_share` (of the rollout's) or `budget_steps` to train between the rollout and the update,
-at that cost in wall time. The `small` variant trains two drafter steps per RL step. The final
-policy and drafter are exported to `out_dir/export`.
+(`drafter/overhead` is that check's share of the step); set `drafter.adaptive.spot.budget_s`
+(seconds), `budget_share` (of the rollout's) or `budget_steps` to train between the rollout and
+the update, at that cost in wall time. The `small` variant trains two drafter steps per RL step.
+The final policy and drafter are exported to `out_dir/export`.
 
 Run:
   python -m experiments.train_grpo --config=experiments/configs/tiny_tlt.py

@@ -11,7 +11,7 @@ from tlt_jax.models import init_model
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
-from tlt_jax.rollout.history import History, HistoryConfig
+from tlt_jax.rollout.history import StoredResponses, HistoryConfig
 from tlt_jax.rollout.noise import PROMPT_WORDS, PromptNoise, prompt_id
 from tlt_jax.rollout.replay_choice import ReplayChoice
 from tlt_jax.spec.costs import CostTable
@@ -71,7 +71,7 @@ def test_prompt_noise_addresses():
 def test_history_store_bounds_epochs_and_round_trips():
   noise = PromptNoise()
   addr = noise.addresses([[1, 2], [3, 4]], 2)
-  h = History(max_tokens=9)
+  h = StoredResponses(max_tokens=9)
   h.store(addr, [[1, 2, 3], [4, 5], [6], [7, 8, 9]])
   assert h.total == 9 and [None if r is None else r.tolist() for r in h.lookup(addr)] == [
       [1, 2, 3], [4, 5], [6], [7, 8, 9]]
@@ -83,7 +83,7 @@ def test_history_store_bounds_epochs_and_round_trips():
   other = addr.view(np.uint32).copy()
   other[:, 2] += 1  # another noise epoch: nothing to replay
   assert h.lookup(other.view(np.int32)) == [None] * 4
-  restored = History(9)
+  restored = StoredResponses(9)
   restored.load_state(h.state())
   assert [None if r is None else r.tolist() for r in restored.lookup(addr)] == [
       None if r is None else r.tolist() for r in h.lookup(addr)]

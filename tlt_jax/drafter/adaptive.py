@@ -161,6 +161,10 @@ class AdaptiveDrafter:
     return self.buffer.pack(sample, self.cfg.publish.seq_len, self.pad_id,
                             rows=self.cfg.holdout_rows)
 
+  def stop(self) -> None:
+    """Stops spot training where it runs (the run is ending)."""
+    self.spot.preempt()
+
   def after_update(self) -> None:
     """From now on the drafter reads the new policy's embedding and head (the engine's, after
     the weight sync)."""

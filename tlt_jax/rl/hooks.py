@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 from etils import epath
-from flax import nnx
 
 from tlt_jax import distributed
 from tlt_jax.evaluation import group_stats
@@ -123,8 +122,7 @@ class Export(Hook):
 
   @staticmethod
   def _export(trainer, directory: epath.Path) -> epath.Path:
-    updater = trainer.updater  # every process takes part in gathering the policy
-    policy = nnx.merge(updater.graphdef, distributed.local_copy(updater.params, updater.mesh))
+    policy = trainer.updater.local_model()  # every process takes part in gathering it
     if distributed.is_writer():
       save_pretrained(policy, trainer.w.tokenizer, directory / "policy")
       if trainer.adaptive is not None:
@@ -137,7 +135,7 @@ class StopSpotTraining(Hook):
 
   def close(self, trainer) -> None:
     """Preempts any open spot-training window."""
-    trainer.adaptive.spot.preempt()
+    trainer.adaptive.stop()
 
 
 def loop_hooks(trainer, writer: RunWriter) -> list[Hook]:

@@ -18,9 +18,7 @@ def _state(trainer, memory=None) -> dict:
   """What a checkpoint holds; `memory`: the prompt memory's arrays (or their shapes' zeros, to
   restore into), when the run keeps one."""
   updater = trainer.updater
-  state = {"params": updater.params, "opt": updater.opt_state}
-  if updater.ref_params is not None:  # the KL term's reference survives a resume
-    state["ref_params"] = updater.ref_params
+  state = dict(updater.state())
   if trainer.adaptive is not None:  # the same on every process: saved once, over the mesh
     state["drafter"] = distributed.spanning(trainer.adaptive.state(), updater.mesh)
   if memory is not None:  # the same on every process (filled from the gathered rollout)
@@ -88,10 +86,8 @@ def restore(trainer) -> bool:
                         f"{meta['seed']} but the config says {trainer.seed}; use the same seed "
                         "to resume, or a new out_dir.")
   updater = trainer.updater
-  updater.params, updater.opt_state = state["params"], state["opt"]
-  if "ref_params" in state:
-    updater.ref_params = state["ref_params"]
-  updater.step_count = int(meta.get("update_count", meta["step"]))
+  updater.load_state({k: state[k] for k in ("params", "opt", "ref_params") if k in state},
+                     int(meta.get("update_count", meta["step"])))
   trainer.step = int(meta["step"])
   if trainer.memory is not None:
     trainer.memory.load_state(jax.tree.map(np.asarray, state["memory"]))

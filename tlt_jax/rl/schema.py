@@ -2,7 +2,7 @@
 
 A config file sets only what its run changes; the command line may set any field the section's
 dataclass has, whether or not the file mentions it (`experiments/launch.py` asks `field_type`,
-then `parse_value`). The defaults test (`tests/rl/test_config_defaults.py`) reads `SECTIONS` to
+then `parse_value`). The defaults test (`tests/rl/test_config.py`) reads `SECTIONS` to
 find config values that merely repeat a default.
 """
 

@@ -240,6 +240,26 @@ class PolicyUpdater:
     """The policy with the current parameters."""
     return nnx.merge(self.graphdef, self.params)
 
+  def local_model(self):
+    """The policy with the current parameters whole on this process (every process takes part:
+    an export's gather)."""
+    return nnx.merge(self.graphdef, distributed.local_copy(self.params, self.mesh))
+
+  def state(self) -> dict:
+    """What a checkpoint keeps of the update (laid out over the update's mesh): `params`, `opt`
+    (the optimizer state) and, with the KL term on, `ref_params`."""
+    state = {"params": self.params, "opt": self.opt_state}
+    if self.ref_params is not None:  # the KL term's reference survives a resume
+      state["ref_params"] = self.ref_params
+    return state
+
+  def load_state(self, state: dict, step_count: int) -> None:
+    """The update as `state()` was when `step_count` optimizer steps had been taken."""
+    self.params, self.opt_state = state["params"], state["opt"]
+    if "ref_params" in state:
+      self.ref_params = state["ref_params"]
+    self.step_count = step_count
+
   def warm_up(self, rows: int, prompt_width: int, n: int, off_policy: bool = False) -> int:
     """Builds every program an `update` can run on batches of `rows` rows with prompts padded to
     `prompt_width` and `n` response tokens: on-policy (`old_logp_RxN=None`) or, with

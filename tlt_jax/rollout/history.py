@@ -1,5 +1,6 @@
-"""`History`: each prompt-addressed sample's response at its last visit, for replay and drafting;
-`PromptMemory`, what a run keeps per prompt across steps; `ReplayConfig`, their settings.
+"""`StoredResponses`: each prompt-addressed sample's response at its last visit, for replay and
+drafting; `PromptMemory`, what a run keeps per prompt across steps; `ReplayConfig`, their
+settings.
 
 A sample is addressed by its prompt (`rollout/noise.py`): (prompt id, occurrence in the step,
 index in the group), with the noise epoch it was drawn under. Under the same address and epoch a
@@ -79,7 +80,7 @@ class ReplayConfig:
                typed(HistoryConfig, dict(rollout.get("history") or {}), "rollout.history"))
 
 
-class History:
+class StoredResponses:
   """The last response of each prompt-addressed sample, at most `max_tokens` tokens in all."""
 
   def __init__(self, max_tokens: int):
@@ -167,7 +168,7 @@ class PromptMemory:
   def __init__(self, cfg: ReplayConfig):
     self.cfg = cfg
     self.noise = PromptNoise(cfg.noise_refresh)
-    self.history = History(cfg.history.max_tokens) if cfg.history.max_tokens else None
+    self.history = StoredResponses(cfg.history.max_tokens) if cfg.history.max_tokens else None
 
   def request(self, prompts, group_size: int) -> dict:
     """`generate` arguments of a round of this step: each row's address, and with a store each

@@ -6,8 +6,8 @@ programs (in memory and, on CPU, in its persistent cache) by their devices, so e
 compile every program again. `relocate` serialises an executable and loads it back with the
 other shard's device assignment instead: milliseconds instead of a compile.
 
-It reaches into JAX's executable serialisation (`jax.experimental.serialize_executable` and the
-compile options of `tlt_jax.jax_private`); a JAX version where that fails makes `relocate` raise,
+It reaches into JAX's executable serialisation through `tlt_jax.jax_private` (every use of JAX
+internals lives there); a JAX version where that fails makes `relocate` raise,
 and the pool then compiles as before. On CPU an executable that was itself deserialised does not
 serialise whole (its functions go missing), so `relocate` takes the serialised form the pool got
 at compile time or read from its cache, not a loaded executable.
@@ -15,11 +15,9 @@ at compile time or read from its cache, not a loaded executable.
 
 from __future__ import annotations
 
-import io
 from typing import Any, Sequence
 
 import jax
-from jax.experimental import serialize_executable
 
 from tlt_jax import jax_private
 
@@ -29,21 +27,6 @@ def device_ids(compiled) -> list[int]:
   return sorted({d.id for sh in jax.tree.leaves(compiled.input_shardings) for d in sh.device_set})
 
 
-class _Unpickler(serialize_executable._JaxPjrtUnpickler):  # pylint: disable=protected-access
-  """Loads a serialised executable with its devices replaced by `moves` (old id -> device)."""
-
-  def __init__(self, payload: bytes, devices: Sequence[Any], moves: dict[int, Any]):
-    super().__init__(io.BytesIO(payload), devices[0].client, list(devices))
-    self.devices_by_id = moves
-    self.options = jax_private.compile_options(len(devices), [d.id for d in devices])
-
-  def persistent_load(self, pid):
-    if pid[0] == "exec":
-      return self.backend.deserialize_executable(pid[1], executable_devices=self.execution_devices,
-                                                 compile_options=self.options)
-    return super().persistent_load(pid)
-
-
 def relocate(serialized: tuple, source: Sequence[int], devices: Sequence[Any]):
   """The executable `serialized` (`serialize_executable.serialize`'s output for a program
   compiled for the device ids `source`), loaded onto `devices`: `source[i]` maps to
@@ -51,7 +34,7 @@ def relocate(serialized: tuple, source: Sequence[int], devices: Sequence[Any]):
   if len(source) != len(devices):
     raise ValueError(f"cannot move a program on {len(source)} devices onto {len(devices)}")
   payload, in_tree, out_tree = serialized
-  unpickler = _Unpickler(payload, devices, dict(zip(source, devices)))
-  unloaded, args_info, no_kwargs = unpickler.load()
+  unloaded, args_info, no_kwargs = jax_private.load_executable(payload, list(devices),
+                                                              dict(zip(source, devices)))
   return jax.stages.Compiled(unloaded.load(), [], in_tree.unflatten(args_info), out_tree,
                              no_kwargs=no_kwargs)

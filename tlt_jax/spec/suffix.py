@@ -19,7 +19,7 @@ from tlt_jax.spec.drafts import ChainDrafts, ChainProposer
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class History:
+class RowText:
   """The text each row searches: its context (corpus, then prompt), then its response so far
   (`tokens_BxH`, -1 past `len_B`)."""
 
@@ -36,17 +36,17 @@ class SuffixProposer(ChainProposer):
   reads_context = True
   fields = ("depth", "ngram")
 
-  def start(self, context_BxH, len_B) -> History:
+  def start(self, context_BxH, len_B) -> RowText:
     """Each row's history: its context (corpus and prompt)."""
-    return History(context_BxH, len_B)
+    return RowText(context_BxH, len_B)
 
-  def after_emit(self, h: History, tokens_BxM, keep_B) -> History:
+  def after_emit(self, h: RowText, tokens_BxM, keep_B) -> RowText:
     """Each row's history with the emitted tokens appended."""
     b, m = tokens_BxM.shape
     j_M = jnp.arange(m)
     pos_BxM = jnp.where(j_M[None] < keep_B[:, None], h.len_B[:, None] + j_M[None],
                         h.tokens_BxH.shape[1])  # past the end: dropped
-    return History(h.tokens_BxH.at[jnp.arange(b)[:, None], pos_BxM].set(tokens_BxM, mode="drop"),
+    return RowText(h.tokens_BxH.at[jnp.arange(b)[:, None], pos_BxM].set(tokens_BxM, mode="drop"),
                    h.len_B + keep_B)
 
   def check(self, arm) -> None:
