@@ -8,6 +8,9 @@ imports another. What each section holds: tlt_jax/rl/config.py.
 import ml_collections
 
 CD = ml_collections.ConfigDict
+# A few-thousand-parameter llama shape (random weights): the GPU benchmark's and proof's CPU runs.
+TOY_SHAPE = dict(family="llama", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                 d_ff=64)
 
 
 def warm_start(small: bool = False) -> CD:

@@ -14,11 +14,6 @@ import ml_collections
 
 from experiments.configs import base
 
-# A few-thousand-parameter shape for the CPU test; the real ones are `tlt_jax.models.config.SHAPES`.
-TINY = dict(family="llama", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-            d_ff=64)
-
-
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant not in ("", "small"):
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'small'.")
@@ -29,7 +24,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.dtype = "bfloat16"          # weights, compute and cache
   c.attention = "pallas"
   # name -> a `SHAPES` name or ModelConfig fields (weights are random)
-  c.shapes = {"tiny": TINY} if small else {"smollm2_135m": "smollm2_135m",
+  c.shapes = {"tiny": base.TOY_SHAPE} if small else {"smollm2_135m": "smollm2_135m",
                                            "qwen2_5_1_5b": "qwen2p5_1p5b"}
   c.batches = (1,) if small else (1, 2, 4, 8)
   c.tokens = (1, 4) if small else (1, 4, 8)  # T = 4: a chain of 3 drafts and the bonus token

@@ -16,11 +16,6 @@ import ml_collections
 
 from experiments.configs import base
 
-# A few-thousand-parameter llama for the dry run's large-shape phase.
-TOY_SHAPE = dict(family="llama", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                 d_ff=64)
-
-
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant not in ("", "dry_run"):
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'dry_run'.")
@@ -63,7 +58,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
                  ("spec.arms", (("eagle", 3, 0), ("plain", 1, 0))))
       if dry else (("train.eval_every", 0), ("model.compute_dtype", "bfloat16"))))
   c.large = ml_collections.ConfigDict(dict(
-      shape=TOY_SHAPE if dry else "qwen2p5_1p5b", compute_dtype="float32" if dry else "bfloat16",
+      shape=base.TOY_SHAPE if dry else "qwen2p5_1p5b", compute_dtype="float32" if dry else "bfloat16",
       batches=(1,) if dry else (1, 8), tokens=(1, 4), cache_len=64 if dry else 1024,
       iters=2 if dry else 10, rounds=1 if dry else 2,
       rows=4 if dry else 64, group_size=2 if dry else 8, micro_batches=1 if dry else 4,
