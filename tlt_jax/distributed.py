@@ -46,10 +46,10 @@ class DistributedConfig:
   from the environment (or run as one process when it names none); the timeouts bound start-up
   and how long a lost peer can go unnoticed."""
 
-  coordinator_address: str = ""
-  num_processes: int = 0
-  initialization_timeout_s: int = 300
-  heartbeat_timeout_s: int = 100
+  coordinator_address: str = ""  # host:port of process 0 (empty: from the environment)
+  num_processes: int = 0         # 0: from the environment, else one process
+  initialization_timeout_s: int = 300  # seconds to wait for every process at start-up
+  heartbeat_timeout_s: int = 100       # seconds before a lost peer ends the run
 
   def __post_init__(self):
     if self.num_processes < 0 or min(self.initialization_timeout_s, self.heartbeat_timeout_s) < 1:

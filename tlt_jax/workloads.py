@@ -68,9 +68,9 @@ class WorkloadConfig:
   name: str
   task: Mapping
   path: str = ""           # model.path: a local HF folder, a .gguf file or a preset (math)
-  temperature: float = 1.0
-  top_k: int = 0
-  top_p: float = 1.0
+  temperature: float = 1.0  # of the processed distribution (0: greedy)
+  top_k: int = 0            # keep the k most likely tokens (0: all)
+  top_p: float = 1.0        # keep the smallest set holding this mass (1: all)
   max_new_tokens: int = 0  # 0: the task's own maximum
   warm_start: Any = None
   cache_dir: str = ""
@@ -391,8 +391,8 @@ class DrafterRecipe:
   model: DrafterConfig
   train: DrafterTrainConfig
   warmup: WarmupConfig
-  warmup_prompts: int = 64
-  init_from: str = ""
+  warmup_prompts: int = 64  # prompts whose rollouts the warm-up trains on
+  init_from: str = ""       # a shipped drafter's name or a drafter directory: start from it
 
 
 def drafter_recipe(section: Mapping, other_keys=()) -> DrafterRecipe:

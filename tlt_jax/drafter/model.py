@@ -48,12 +48,12 @@ class DrafterConfig:
   """
 
   feature_layers: tuple[int, ...] = ()
-  smooth_l1_weight: float = 1.0
-  ce_weight: float = 0.1
+  smooth_l1_weight: float = 1.0  # the loss on the predicted next feature
+  ce_weight: float = 0.1         # the loss on the next token (soft labels)
   draft_vocab: int = 0
   vocab_ids: tuple[int, ...] = ()
   unroll_steps: int = 1
-  unroll_decay: float = 1.0
+  unroll_decay: float = 1.0      # each deeper unrolled depth's loss weight, times this
   label_temperature: float = 1.0
   tv_weight: float = 0.0
   accept_weighting: bool = False

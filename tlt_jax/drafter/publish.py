@@ -30,9 +30,9 @@ class PublishConfig:
   """How a candidate drafter is checked before it is published: the chain depth it is scored at,
   the share of the in-use version's accepted length it must keep, and the rows' length."""
 
-  depth: int = 4
+  depth: int = 4               # the chain depth a candidate is scored at
   min_ratio: float = 0.8        # of the in-use version's accepted length on the same sample
-  seq_len: int = 128
+  seq_len: int = 128            # tokens per held-back row it is scored on
 
 
 def chain_accept_len(hits_BxL: np.ndarray, valid_BxL: np.ndarray, depth: int) -> float:

@@ -33,14 +33,14 @@ class SpotConfig:
   """Spot training's settings: batch shape, the one-device budget per RL step, a cap per idle
   window, the segments the buffer must hold first, and the sampling seed."""
 
-  batch_rows: int = 16
+  batch_rows: int = 16          # segments per training step
   seq_len: int = 128            # positions per training row (longer segments: a random window)
   budget_s: float = 0.0         # between phases (one device): seconds of training per RL step
   budget_share: float = 0.0     # ... plus this share of the step's rollout seconds
   budget_steps: int = 0         # ... or this many steps (the same whatever the machine's speed)
   max_steps_per_window: int = 0  # 0: until preempted
   min_segments: int = 8         # train only once the buffer holds this many segments
-  seed: int = 0
+  seed: int = 0                 # the batches' draws (addressed by step and window)
 
   def __post_init__(self):
     if (self.batch_rows < 1 or self.seq_len < 2 or self.budget_s < 0 or self.budget_steps < 0

@@ -26,10 +26,10 @@ class DrafterTrainConfig:
   `decay_steps`: a training of known length (the offline warm-up) decays the rate by a cosine to
   a tenth at that step; 0 (the spot trainer, which has no end) keeps it constant."""
 
-  lr: float = 3e-4
-  warmup_steps: int = 20
-  weight_decay: float = 1e-2
-  clip: float = 1.0
+  lr: float = 3e-4            # the peak learning rate
+  warmup_steps: int = 20      # linear warm-up steps to it
+  weight_decay: float = 1e-2  # AdamW's
+  clip: float = 1.0           # global gradient-norm clip
   decay_steps: int = 0
 
   def optimizer(self) -> optax.GradientTransformation:

@@ -47,11 +47,11 @@ class WarmupConfig:
   positions, which the drafter attends to but never drafts (the first warm-ups did); False
   scores the drafted positions alone, from each row's last prompt token on."""
 
-  steps: int = 300
-  batch_rows: int = 32
-  seq_len: int = 256
-  group_size: int = 4
-  seed: int = 0
+  steps: int = 300        # training steps
+  batch_rows: int = 32    # sequences per step
+  seq_len: int = 256      # tokens per sequence
+  group_size: int = 4     # rollouts per warm-up prompt
+  seed: int = 0           # the rollouts', the drafter's init and the batches' draws
   prompt_loss: bool = True
 
 

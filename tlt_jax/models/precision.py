@@ -28,8 +28,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 class Precision:
   """A run's precision policy (`config.model.param_dtype`, `config.model.compute_dtype`)."""
 
-  param_dtype: str = "float32"
-  compute_dtype: str = "float32"
+  param_dtype: str = "float32"    # the master weights, their gradients and optimizer state
+  compute_dtype: str = "float32"  # matmuls and activations (float32 | bfloat16 | float16)
 
   def __post_init__(self):
     for name in ("param_dtype", "compute_dtype"):

@@ -46,8 +46,8 @@ class GRPOConfig(GroupRelative):
   """The GRPO learner: a per-token importance ratio, clipped per token."""
 
   name: ClassVar[str] = "grpo"
-  clip_low: float = 0.2
-  clip_high: float = 0.28
+  clip_low: float = 0.2           # the ratio's lower clip: 1 - clip_low
+  clip_high: float = 0.28         # its upper clip (clip-higher): 1 + clip_high
   kl_coef: float = 0.0            # 0 keeps no reference policy
   normalize_std: bool = True      # False: Dr.GRPO-style mean-centred advantages
   aggregation: str = "token"      # token | sequence

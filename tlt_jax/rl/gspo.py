@@ -23,10 +23,10 @@ class GSPOConfig(GroupRelative):
   smaller defaults than GRPO's per-token ones."""
 
   name: ClassVar[str] = "gspo"
-  clip_low: float = 3e-4
-  clip_high: float = 4e-4
+  clip_low: float = 3e-4          # the sequence ratio's lower clip: 1 - clip_low
+  clip_high: float = 4e-4         # its upper clip: 1 + clip_high
   kl_coef: float = 0.0            # 0 keeps no reference policy
-  normalize_std: bool = True
+  normalize_std: bool = True      # False: mean-centred advantages, not divided by the std
 
   def __post_init__(self):
     self.check()

@@ -53,10 +53,10 @@ class PlanTarget:
   name; empty: the run's own model), `processes` x `devices` per process, and each device's
   memory `device_gb` (GB, 1e9 bytes)."""
 
-  shape: str = ""
-  processes: int = 1
-  devices: int = 1
-  device_gb: float = 80.0
+  shape: str = ""          # a `models.config.SHAPES` name (empty: the run's own model)
+  processes: int = 1       # processes of the run
+  devices: int = 1         # devices per process
+  device_gb: float = 80.0  # each device's memory, GB (1e9 bytes)
 
   def __post_init__(self):
     if min(self.processes, self.devices) < 1 or self.device_gb <= 0:

@@ -76,24 +76,24 @@ class LoopConfig:
   aside and starts afresh (`rl/rundir.py`)."""
 
   out_dir: str
-  steps: int
-  prompts_per_step: int
-  group_size: int
+  steps: int                     # RL steps
+  prompts_per_step: int          # prompts drawn per step
+  group_size: int                # samples per prompt
   seed: int = 0
-  micro_batches: int = 1
-  max_tokens_per_micro_batch: int = 0
-  mini_batches: int = 1
-  update_epochs: int = 1
-  mesh_shape: tuple[int, ...] = (-1, 1, 1)
-  remat: str = "none"
-  checkpoint_every: int = 0
-  keep: int = 2
-  eval_every: int = 0
-  eval_group_size: int = 4
-  export: bool = False
-  export_every: int = 0
-  loggers: tuple[str, ...] = ("tensorboard",)
-  resume: bool = True
+  micro_batches: int = 1         # gradient accumulation groups per mini-batch
+  max_tokens_per_micro_batch: int = 0  # or groups of at most this many tokens per device
+  mini_batches: int = 1          # optimizer steps per pass over a step's rows
+  update_epochs: int = 1         # passes over a step's rows
+  mesh_shape: tuple[int, ...] = (-1, 1, 1)  # the update's (data, fsdp[, tp]) mesh; -1: the rest
+  remat: str = "none"            # what the backward pass keeps: none | dots | full
+  checkpoint_every: int = 0      # steps between checkpoints (0: off)
+  keep: int = 2                  # checkpoints kept
+  eval_every: int = 0            # steps between held-out evaluations (0: off)
+  eval_group_size: int = 4       # samples per held-out prompt
+  export: bool = False           # the final policy (and drafter) to out_dir/export
+  export_every: int = 0          # and every so many steps to out_dir/export/step_<N> (0: off)
+  loggers: tuple[str, ...] = ("tensorboard",)  # beside metrics.jsonl: tensorboard, wandb
+  resume: bool = True            # False: move an earlier run in out_dir aside, start afresh
 
   def __post_init__(self):
     for name in ("steps", "prompts_per_step", "group_size", "micro_batches", "mini_batches",

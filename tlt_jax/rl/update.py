@@ -30,14 +30,14 @@ class OptimConfig:
   """The policy's optimizer (`config.rl.optim`): AdamW after global-norm clipping, a linear
   warm-up then cosine decay to `end_lr_fraction` over `total_steps` optimizer steps."""
 
-  lr: float = 1e-5
-  warmup_steps: int = 5
-  total_steps: int = 100
-  end_lr_fraction: float = 0.1
-  weight_decay: float = 0.0
-  clip: float = 1.0
-  b1: float = 0.9
-  b2: float = 0.999
+  lr: float = 1e-5            # the peak learning rate
+  warmup_steps: int = 5       # linear warm-up optimizer steps to it
+  total_steps: int = 100      # the schedule's optimizer steps (a run's 0: all of its steps)
+  end_lr_fraction: float = 0.1  # the rate at the end, as a share of lr
+  weight_decay: float = 0.0   # AdamW's
+  clip: float = 1.0           # global gradient-norm clip
+  b1: float = 0.9             # AdamW's first-moment decay
+  b2: float = 0.999           # AdamW's second-moment decay
 
   def __post_init__(self):
     checks = [(self.lr > 0, "lr must be > 0"),

@@ -52,18 +52,19 @@ from tlt_jax.typed import typed
 class EngineConfig:
   """Static engine layout. `batch_buckets` must cover `max_batch` (rows per shard per wave)."""
 
-  batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-  max_batch: int = 64
-  prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
-  steps_per_dispatch: int = 8
-  num_shards: int = 1
+  batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # batch sizes a call compacts to
+  max_batch: int = 64            # rows per shard per wave (within the largest bucket)
+  prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)  # prompt lengths padded to
+  steps_per_dispatch: int = 8    # decode or speculative steps per program launch
+  num_shards: int = 1            # data-parallel rollout shards (each `tp` devices)
   tp: int = 1                    # devices per shard: tensor parallelism within a shard
-  cache_slack: int = 0
+  cache_slack: int = 0           # cache slots past a row's length (raised to what arms write)
   # Where compiled executables are kept across processes (and JAX's persistent compilation
   # cache pointed); empty: JAX's compilation cache directory where one is set, else none.
   compile_cache_dir: str = ""
-  precompile: bool = False       # True: generate() compiles its call's other programs in the
-  #                                background (a trainer's warm-up builds them all instead)
+  # True: generate() compiles its call's other programs in the background (a trainer's warm-up
+  # builds them all instead).
+  precompile: bool = False
   # The longest prompt (tokens) the engine serves. With max_new_tokens it fixes the cache and
   # context lengths of every executable, so a call's prompts never change which programs run and
   # `warm_up` can build them all before the first call. 0: sized by each call's longest prompt

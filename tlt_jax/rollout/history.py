@@ -34,9 +34,9 @@ class HistoryConfig:
   (`dispatch`, `rollout/replay_choice.py`): "cost", priced by the cost table measured at start-up,
   or "share", while at least half of its live rows replay (nothing measured)."""
 
-  max_tokens: int = 0
-  chunk: int = 0
-  dispatch: str = "cost"
+  max_tokens: int = 0      # the store's bound in tokens (0: no store)
+  chunk: int = 0           # stored tokens verified per replay step (0: no replay)
+  dispatch: str = "cost"   # cost (priced by the cost table) | share (half the live rows replay)
 
   def __post_init__(self):
     if min(self.max_tokens, self.chunk) < 0:

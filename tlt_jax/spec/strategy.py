@@ -72,12 +72,13 @@ class SpecConfig:
 
   threshold: int = 8
   rule: str = "coupled"               # coupled | rejection
+  # the chooser's arms: (proposer, depth, ...) tuples in a config (`strategy_from_tuple`)
   arms: tuple[Strategy, ...] = (Strategy(depth=2), Strategy(depth=4), Strategy(depth=8))
-  epsilon: float = 0.1
-  window: int = 300
+  epsilon: float = 0.1                # the bandit's exploration rate
+  window: int = 300                   # the bandit's recent dispatches per arm and bucket
   min_accept_len: float = 1.05        # health: below this mean tokens/step the arm is retired
   health_window: int = 64             # speculative steps per row-dispatch judged together
-  seed: int = 0
+  seed: int = 0                       # the bandit's exploration draws
   chooser: str = "bandit"             # bandit | cost
 
   def __post_init__(self):
