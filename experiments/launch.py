@@ -41,10 +41,10 @@ def run(main) -> None:
     except (ConfigError, DistributedError) as e:  # a bad setting or start: one line
       raise SystemExit(str(e)) from None
 
-  app.run(quiet_main, flags_parser=_parse_flags)
+  app.run(quiet_main, flags_parser=parse_flags)
 
 
-def _parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
   """absl's flag parsing into `flag_values`, plus overrides of run-config fields the config file
   does not mention (`tlt_jax.rl.schema`: any field of the section's dataclass). A key neither the
   config nor the schema has, an unparsable value or a config file that fails to load ends the
@@ -55,9 +55,9 @@ def _parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -
   if "config" in flag_values and any(a.startswith("--config.") for a in own):
     config, path = _load_config(own, flag_values)
     for arg in [a for a in own if a.startswith("--config.")]:
-      if _has_path(config, _override_path(arg)):
+      if has_path(config, override_path(arg)):
         continue
-      error = _unknown_key(config, arg, path)
+      error = unknown_key(config, arg, path)
       if error:
         raise SystemExit(error)
       added.append(arg)
@@ -69,11 +69,12 @@ def _parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -
     lines = [line for line in str(e).splitlines() if line.strip()]
     raise SystemExit(f"{lines[0]} {lines[-1]}" if len(lines) > 1 else lines[0]) from None
   for arg in added:
-    _set_field(flag_values["config"].value, arg)
+    set_field(flag_values["config"].value, arg)
   return rest
 
 
-def _override_path(arg: str) -> tuple[str, ...]:
+def override_path(arg: str) -> tuple[str, ...]:
+  """The key path an override sets (`--config.a.b=v` -> ("a", "b"))."""
   return tuple(arg[len("--config."):].split("=", 1)[0].split("."))
 
 
@@ -89,7 +90,8 @@ def _load_config(argv: list[str], flag_values: flags.FlagValues):
   return (module.get_config(variant) if variant else module.get_config()), path
 
 
-def _has_path(config, parts) -> bool:
+def has_path(config, parts) -> bool:
+  """Whether the config file holds the key at `parts`."""
   node = config
   for part in parts:
     if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
@@ -98,10 +100,10 @@ def _has_path(config, parts) -> bool:
   return True
 
 
-def _unknown_key(config, arg: str, path: str) -> str:
+def unknown_key(config, arg: str, path: str) -> str:
   """'' when `arg` sets a field the schema has in a section the config holds; else the one-line
   message naming the nearest known key."""
-  parts, run = _override_path(arg), _is_run_config(config)
+  parts, run = override_path(arg), _is_run_config(config)
   if run and schema.field_type(parts, config) is not None:
     return ""
   node = config
@@ -123,7 +125,7 @@ def _unknown_key(config, arg: str, path: str) -> str:
 def key_problem(config, arg: str, path: str) -> str:
   """'' when `arg` (`--config.a.b=v`) sets a key the config file holds or its schema allows;
   else the one-line message naming the nearest known key."""
-  return "" if _has_path(config, _override_path(arg)) else _unknown_key(config, arg, path)
+  return "" if has_path(config, override_path(arg)) else unknown_key(config, arg, path)
 
 
 def _is_run_config(config) -> bool:
@@ -132,10 +134,10 @@ def _is_run_config(config) -> bool:
   return all(k in config and hasattr(config[k], "keys") for k in ("model", "rollout"))
 
 
-def _set_field(config, arg: str) -> None:
+def set_field(config, arg: str) -> None:
   """Applies `--config.a.b=v` for a schema field the config file does not hold (sections made
   as needed), the value parsed by the field's type."""
-  parts, text = _override_path(arg), arg.split("=", 1)[1] if "=" in arg else ""
+  parts, text = override_path(arg), arg.split("=", 1)[1] if "=" in arg else ""
   try:
     value = schema.parse_value(text, schema.field_type(parts, config))
   except ValueError as e:

@@ -23,7 +23,7 @@ WHEELS_DIR = os.path.join(ROOT, "wheels")
 ACCELERATOR_OWN = ("jax", "jaxlib")
 
 
-def _name(requirement: str) -> str:
+def dist_name(requirement: str) -> str:
   """A requirement's distribution name, normalised ("orbax-checkpoint>=0.11" ->
   "orbax-checkpoint")."""
   return re.sub(r"[-_.]+", "-", re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)[1]
@@ -34,7 +34,7 @@ def project_requirements() -> list[str]:
   """`[project] dependencies` of pyproject.toml, less the box's own jax."""
   with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
     deps = tomllib.load(f)["project"]["dependencies"]
-  return [r for r in deps if _name(r) not in ACCELERATOR_OWN]
+  return [r for r in deps if dist_name(r) not in ACCELERATOR_OWN]
 
 
 def missing(requirements: list[str]) -> list[str]:
@@ -42,7 +42,7 @@ def missing(requirements: list[str]) -> list[str]:
   out = []
   for r in requirements:
     try:
-      metadata.distribution(_name(r))
+      metadata.distribution(dist_name(r))
     except metadata.PackageNotFoundError:
       out.append(r)
   return out
@@ -55,7 +55,7 @@ def ensure(requirements: list[str] | None = None, wheels_dir: str = WHEELS_DIR,
   needed = missing(project_requirements() if requirements is None else requirements)
   if not needed:
     return
-  names = ", ".join(_name(r) for r in needed)
+  names = ", ".join(dist_name(r) for r in needed)
   if not os.path.isdir(wheels_dir):
     sys.exit(f"{command} needs {names}, which this Python lacks: install them, or run "
              f"`make wheels` on a machine with a network and copy its wheels/ to {wheels_dir}.")
@@ -71,7 +71,7 @@ def ensure(requirements: list[str] | None = None, wheels_dir: str = WHEELS_DIR,
 def pure_closure(requirements: list[str]) -> list[tuple[str, str]]:
   """(name, version) of every installed pure-Python distribution that `requirements` need,
   directly or through others (extras and environment markers aside), jax's own excluded."""
-  seen, stack, pure = set(), [_name(r) for r in requirements], []
+  seen, stack, pure = set(), [dist_name(r) for r in requirements], []
   while stack:
     name = stack.pop()
     if name in seen or name in ACCELERATOR_OWN:
@@ -81,7 +81,7 @@ def pure_closure(requirements: list[str]) -> list[tuple[str, str]]:
       dist = metadata.distribution(name)
     except metadata.PackageNotFoundError:
       continue  # only needed under a marker that does not hold here
-    stack += [_name(r) for r in dist.requires or () if "extra ==" not in r]
+    stack += [dist_name(r) for r in dist.requires or () if "extra ==" not in r]
     if "Root-Is-Purelib: true" in (dist.read_text("WHEEL") or ""):
       pure.append((name, dist.version))
   return sorted(pure)

@@ -78,7 +78,7 @@ def test_a_bad_command_line_is_one_line_naming_the_key_and_the_nearest_known_one
     argv = ["sft_warmstart", f"--config=experiments/configs/{config}", *filter(None, [override])]
     monkeypatch.setattr(sys, "argv", list(argv))  # ml_collections reads overrides from there
     with pytest.raises(SystemExit) as e:
-      launch._parse_flags(argv, own)
+      launch.parse_flags(argv, own)
     assert expect in str(e.value) and "\n" not in str(e.value)
 
 
@@ -97,12 +97,12 @@ def test_a_bad_run_setting_is_one_line_before_any_work(tmp_path):
       ("--config.rl.optim.lr=0.0", "config.rl.optim: lr must be > 0")):
     c = tiny_baseline.get_config("small")
     c.out_dir = str(tmp_path / "run")
-    launch._set_field(c, arg)
+    launch.set_field(c, arg)
     with pytest.raises(ConfigError) as e:
       run_config(c, other_keys=("sweep",))
     assert expect in str(e.value) and "\n" not in str(e.value)
   assert "config.train has no key 'mini_batchs'; did you mean config.train.mini_batches?" in (
-      launch._unknown_key(c, "--config.train.mini_batchs=2", "f"))
+      launch.unknown_key(c, "--config.train.mini_batchs=2", "f"))
   assert not os.path.exists(tmp_path / "run")
 
 
@@ -111,16 +111,16 @@ def test_an_override_of_a_schema_field_is_checked_and_typed():
   subprocess tests above cover the wiring): a schema field is accepted and parsed by its type,
   in a section the file lacks too; a misspelling names the nearest key; a bad value its type."""
   c = tiny_baseline.get_config("small")
-  assert launch._unknown_key(c, "--config.train.mini_batches=2", "f") == ""
-  assert launch._unknown_key(c, "--config.rl.dapo.max_rounds=1", "f") == ""
-  assert "did you mean config.rl.dapo.max_rounds?" in launch._unknown_key(
+  assert launch.unknown_key(c, "--config.train.mini_batches=2", "f") == ""
+  assert launch.unknown_key(c, "--config.rl.dapo.max_rounds=1", "f") == ""
+  assert "did you mean config.rl.dapo.max_rounds?" in launch.unknown_key(
       c, "--config.rl.dapo.max_roundz=1", "f")
-  launch._set_field(c, "--config.rl.dapo.max_rounds=3")
-  launch._set_field(c, "--config.train.mesh_shape=(1, 1, 1)")
+  launch.set_field(c, "--config.rl.dapo.max_rounds=3")
+  launch.set_field(c, "--config.train.mesh_shape=(1, 1, 1)")
   assert c.rl.dapo.max_rounds == 3 and c.train.mesh_shape == (1, 1, 1)
   assert isinstance(c.rl.dapo, ml_collections.ConfigDict)
   with pytest.raises(SystemExit, match="'two' is not of type int"):
-    launch._set_field(c, "--config.train.mini_batches=two")
+    launch.set_field(c, "--config.train.mini_batches=two")
 
 
 def test_a_launcher_leaves_the_config_overrides_after_dashes_to_its_command():
@@ -163,7 +163,7 @@ def test_a_layout_the_devices_cannot_hold_is_one_line(tmp_path):
                        "update's 1 devices")):
     c = tiny_tlt.get_config("scale")
     c.out_dir = str(tmp_path / "run")
-    launch._set_field(c, arg)
+    launch.set_field(c, arg)
     rc = run_config(c, other_keys=("sweep",))
     stages = stages or run_stages(rc, progress=False)
     with pytest.raises(ConfigError) as e:
@@ -199,7 +199,7 @@ def test_the_slurm_template_is_bash_and_its_example_command_is_a_valid_run():
   c = hf_math.get_config(variant)
   run_config(c)
   for arg in args[1:]:
-    assert launch._has_path(c, launch._override_path(arg)) or not launch._unknown_key(
+    assert launch.has_path(c, launch.override_path(arg)) or not launch.unknown_key(
         c, arg, config_path), arg
 
 

@@ -13,7 +13,7 @@ from experiments import wheels
 
 def test_the_wheels_are_the_pure_python_closure_without_jax():
   reqs = wheels.project_requirements()
-  assert not {"jax", "jaxlib"} & {wheels._name(r) for r in reqs}
+  assert not {"jax", "jaxlib"} & {wheels.dist_name(r) for r in reqs}
   names = {n for n, _ in wheels.pure_closure(reqs)}
   # Direct and indirect pure-Python dependencies are in; compiled ones and the box's jax are not.
   assert {"flax", "optax", "orbax-checkpoint", "ml-collections", "absl-py", "etils"} <= names

@@ -63,7 +63,7 @@ def test_the_engine_holds_compute_dtype_weights_and_its_cache_dtype():
   engine = RolloutEngine(b, cfg)
   assert dtypes(engine.weights.shard(0)[0]) == {"bfloat16", "float32"}  # matrices, vectors
   layout = Layout(cache_len=32, n=8, capture=False, ctx_len=0)
-  cache = lambda e: e.programs._state_shape(2, layout).cache  # what every program carries
+  cache = lambda e: e.programs.state_shape(2, layout).cache  # what every program carries
   assert {x.dtype for x in cache(engine).k + cache(engine).v} == {jnp.dtype("bfloat16")}
   wide = RolloutEngine(b, EngineConfig(**{**cfg.__dict__, "cache_dtype": "float32"}))
   assert {x.dtype for x in cache(wide).k + cache(wide).v} == {jnp.dtype("float32")}

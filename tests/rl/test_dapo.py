@@ -39,10 +39,10 @@ def test_the_overlong_penalty_ramps_over_the_buffer():
 
 def test_dynamic_sampling_keeps_mixed_groups_and_tops_up(tmp_path):
   tr = trainer(tmp_path, DAPOConfig(max_rounds=3))
-  first, _, _ = tr._sample()
+  first, _, _ = tr.sample()
   equal = ~DAPOConfig().keep_groups(first.rewards_PxG())
   assert equal.any()  # the test's workload has groups with equal rewards to drop
-  chosen, m = tr._select(first)
+  chosen, m = tr.select(first)
   assert chosen.num_groups == 4 and len(chosen.responses) == 16  # the update's shape is fixed
   active = chosen.active_R.reshape(4, 4).all(axis=1)
   assert m["kept_groups"] == active.sum() and m["top_up_rounds"] >= 1

@@ -181,7 +181,7 @@ def test_short_prompts_are_trimmed_with_their_rows():
   mask = (np.arange(16)[None] < rlen[:, None]).astype(np.float32)
   for i in range(8):
     toks[i, : plen[i] + rlen[i]] = rng.integers(3, 53, size=plen[i] + rlen[i])
-  groups = up._groups(toks, plen, mask)
+  groups = up.groups(toks, plen, mask)
   # Used columns 7-8 (was 32 + 8 before) and 32-37 (capped at the rows' 48).
   assert [(sorted(idx.tolist()), t, w) for idx, t, w, _ in groups] == [
       ([0, 1, 2, 3], 8, 8), ([4, 5, 6, 7], 48, 16)]
@@ -249,8 +249,7 @@ def test_the_kl_term_is_zero_at_the_reference_and_pulls_back_toward_it():
   # the reference, and updates driven by the KL term alone shrink it.
   up.params = _kl_updater(0.5, seed=1).params
   batch = _kl_batch(up)
-  zeros = jax.tree.map(jnp.zeros_like, up.params)
-  grads, _, _ = up._grad(up.params, zeros, up._put(batch), jnp.float32(1.0))
+  grads, _, _ = up.gradient(batch)
   toward = sum(float(jnp.sum(-g * (r - p))) for g, r, p in zip(
       jax.tree.leaves(grads), jax.tree.leaves(up.ref_params), jax.tree.leaves(up.params)))
   assert toward > 0

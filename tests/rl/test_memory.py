@@ -160,8 +160,7 @@ def test_the_update_plan_is_within_1_5x_of_what_xla_allocates(shape, rows, token
   zeros = lambda *s: np.zeros(s, np.float32)
   mb = PolicyBatch(np.zeros((rows, tokens), np.int32), np.full(rows, tokens - n, np.int32),
                    zeros(rows, n), zeros(rows), None, zeros(rows, n))
-  grads = jax.tree.map(jax.numpy.zeros_like, updater.params)
-  compiled = updater._grad.lower(updater.params, grads, updater._put(mb), np.float32(1)).compile()
+  compiled = updater.gradient(mb, lower=True).compile()
   measured = compiled.memory_analysis().temp_size_in_bytes
   loop = LoopConfig("unused", steps=1, prompts_per_step=rows, group_size=1, mesh_shape=(1, 1, 1))
   engine = EngineConfig(prefill_buckets=(tokens - n,), batch_buckets=(1,), max_batch=1)

@@ -39,7 +39,7 @@ def test_no_step_compiles_after_warm_up(tmp_path):
                    spot=SpotConfig(batch_rows=4, seq_len=16, budget_s=0.2, min_segments=4),
                    publish=PublishConfig(depth=3, min_ratio=0.0, seq_len=16), holdout_rows=4),
                eval_prompts=w.prompts[:6], eval_answers=[None] * 6)
-  buckets = {min(b for b in (4, 8, 16) if b >= max(len(w.prompts[i]) for i in tr._batch_indices(s)))
+  buckets = {min(b for b in (4, 8, 16) if b >= max(len(w.prompts[i]) for i in tr.batch_indices(s)))
              for s in range(4)}
   assert len(buckets) > 1  # the steps' prompts need different prefill buckets
   hist = tr.run(progress=False)

@@ -40,7 +40,7 @@ def main():
       a.tokens, pallas.generate(prompts, 2, greedy, jax.random.key(0)).tokens))
   key = next(k for k in pallas.pool.keys() if k[0] == "decode")  # (name, shard, b, layout, params)
   programs = pallas.programs
-  fn, args, _ = programs._in_mesh(0, programs.decode(0, key[2], Layout(*key[3:9]), key[9])[1])()
+  fn, args, _ = programs.in_mesh(0, programs.decode(0, key[2], Layout(*key[3:9]), key[9])[1])()
   text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   calls = [line for line in text.splitlines() if "custom_call" in line and "triton" in line]
   out["gpu_kernel_calls"] = len(calls)

@@ -199,8 +199,8 @@ def test_the_plain_arm_competes_in_the_bandit_and_changes_no_token():
   np.testing.assert_array_equal(sd.tokens, plain.tokens)
   kinds = {e.kind for e in sd.timeline.events}
   assert "decode" in kinds and "spec:suffix_d4_n3" in kinds  # both arms were dispatched
-  rewards = eng.spec.chooser._rewards
-  assert any(rewards[k] for k in rewards if k[1] == 1)  # the plain arm earned bandit rewards
+  chooser = eng.spec.chooser  # the plain arm earned bandit rewards
+  assert any(chooser.rewards(b, 1) for b in eng.cfg.batch_buckets)
   assert 1 not in eng.spec.health.retired  # and is never retired
   assert SpecConfig(arms=arms).max_written == 4
   with pytest.raises(ValueError, match="Unknown proposer"):

@@ -213,7 +213,7 @@ class Trainer:
   def _checkpoints(self) -> Checkpointer | None:
     return Checkpointer(self.ckpt_dir, keep=self.loop.keep) if self.loop.checkpoint_every else None
 
-  def _batch_indices(self, step: int, round_: int = 0) -> np.ndarray:
+  def batch_indices(self, step: int, round_: int = 0) -> np.ndarray:
     """The data iterator, addressed by step (and top-up round): resuming at step s draws what a
     straight run would."""
     rng = np.random.default_rng([self.seed, step, round_] if round_ else [self.seed, step])
@@ -266,8 +266,8 @@ class Trainer:
     during the step and its hooks (`compile_events`, `time/compile_s`)."""
     t0 = time.perf_counter()
     self._collective_s, self._collective_bytes = 0.0, 0
-    first, res, drafter_metrics = self._sample()
-    chosen, select_metrics = self._select(first)
+    first, res, drafter_metrics = self.sample()
+    chosen, select_metrics = self.select(first)
     t_rollout = time.perf_counter() - t0
     n, learner = self.w.params.max_new_tokens, self.updater.learner
     toks, plen, mask = chosen.pack(self.prompt_bucket, n, self.w.tokenizer.pad_id)
@@ -320,7 +320,7 @@ class Trainer:
   def _rollout(self, round_: int, **kw) -> tuple[Samples, Spread]:
     """Round `round_` of this step's rollout (0: the step's own; later ones: top-ups), scored
     by the task's reward."""
-    idx = self._batch_indices(self.step, round_)
+    idx = self.batch_indices(self.step, round_)
     key = self.key(self.step)
     if round_:
       key = jax.random.fold_in(key, round_)
@@ -338,7 +338,7 @@ class Trainer:
     return Samples(prompts, answers, g, responses, np.asarray(res.logprobs), np.asarray(
         res.lengths), rewards, np.ones(len(rewards), bool)), spread
 
-  def _sample(self) -> tuple[Samples, object, dict]:
+  def sample(self) -> tuple[Samples, object, dict]:
     """The step's rollout, with the adaptive drafter's spot training in its idle windows and
     its publishing after it: (samples, the rollout's result, the drafter's metrics)."""
     ad = self.adaptive
@@ -349,7 +349,7 @@ class Trainer:
                                  self.updater.step_count)
     return first, spread.whole, metrics
 
-  def _select(self, first: Samples) -> tuple[Samples, dict]:
+  def select(self, first: Samples) -> tuple[Samples, dict]:
     """The groups the update learns from, as the learner chooses them: kept groups of the first
     round, then of top-up rounds (at most `learner.max_rounds`) until `prompts_per_step` are
     kept; the shape never changes (missing groups are masked-out fillers)."""

@@ -146,7 +146,7 @@ class PolicyUpdater:
     updates, opt_state = self.opt.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, optax.global_norm(grads)
 
-  def _groups(self, tokens_RxL: np.ndarray, prompt_len_R: np.ndarray, mask_RxN: np.ndarray):
+  def groups(self, tokens_RxL: np.ndarray, prompt_len_R: np.ndarray, mask_RxN: np.ndarray):
     """`[(rows, sequence width, response width, padded rows), ...]`: the micro-batches."""
     rows, n = mask_RxN.shape
     self._check_rows(rows, tokens_RxL.shape[1])
@@ -169,6 +169,14 @@ class PolicyUpdater:
     if rows % (self.micro * devices):
       raise ValueError(f"{rows} rows do not split into {self.micro} micro-batches over "
                        f"{devices} devices; use a multiple of {self.micro * devices}.")
+
+  def gradient(self, mb: PolicyBatch, weight: float = 1.0, lower: bool = False):
+    """`weight` x the gradient of one micro-batch `mb`'s loss at the current parameters, with
+    its weighted metrics and log-probs, as `update` accumulates it; with `lower`, the lowered
+    program instead (its compiled memory is what the memory plan's micro-batch parts bound)."""
+    args = (self.params, jax.tree.map(jnp.zeros_like, self.params), self._put(mb),
+            jnp.float32(weight))
+    return self._grad.lower(*args) if lower else self._grad(*args)
 
   def _put(self, arrays: PolicyBatch) -> PolicyBatch:
     """Host rows (the same on every process) split over the mesh, which may span processes."""
@@ -193,7 +201,7 @@ class PolicyUpdater:
     tokens, plen, mask = (np.asarray(x) for x in (tokens_RxL, prompt_len_R, mask_RxN))
     lp, ent = np.zeros(mask.shape, np.float32), np.zeros(mask.shape, np.float32)
     rows2, rows1 = self._row_shardings.tokens_RxL, self._row_shardings.prompt_len_R
-    for idx, t, w, padded in self._groups(tokens, plen, mask):
+    for idx, t, w, padded in self.groups(tokens, plen, mask):
       out = self._logprobs(params, distributed.put(_padded(tokens[idx, :t], padded), rows2),
                            distributed.put(_padded(plen[idx], padded), rows1), n=w)
       lp[idx, :w], ent[idx, :w] = (distributed.host(x)[:len(idx)] for x in out)
@@ -204,7 +212,7 @@ class PolicyUpdater:
     responses' log-probs `[R, N]` under the parameters before the step (zeros past each group's
     response width, where the mask is zero too), as `logprobs` gives them."""
     b = jax.tree.map(np.asarray, batch)
-    groups = self._groups(b.tokens_RxL, b.prompt_len_R, b.mask_RxN)
+    groups = self.groups(b.tokens_RxL, b.prompt_len_R, b.mask_RxN)
     rows, tokens = b.mask_RxN.shape[0], max(float(b.mask_RxN.sum()), 1.0)
     grads = jax.tree.map(jnp.zeros_like, self.params)
     metrics, logps = None, []

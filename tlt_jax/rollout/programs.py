@@ -198,7 +198,8 @@ class Programs:
     return empty_state(self.model_cfg, b, layout, self.pad_id, drafter, self.context_proposers,
                        self.attention, self.cache_dtype)
 
-  def _state_shape(self, b: int, layout: Layout):
+  def state_shape(self, b: int, layout: Layout):
+    """The abstract decode state of `b` rows under `layout` (what every program carries)."""
     return jax.eval_shape(lambda: self._empty_state(b, layout, self.drafter))
 
   def prefill(self, shard: int, b: int, u: int, p: int, layout: Layout):
@@ -256,7 +257,7 @@ class Programs:
 
     def build():
       args = (self.weights.abstract(shard),
-              self._abstract_state(self._state_shape(b, layout), shard),
+              self._abstract_state(self.state_shape(b, layout), shard),
               self._abstract(jax.eval_shape(lambda: jax.random.key(0)), shard))
       return fn, args, (1,)
     return key, build
@@ -285,7 +286,7 @@ class Programs:
       return self._placed(jax.tree.map(lambda x: x[idx_B], state), shard)
 
     def build():
-      args = (self._abstract_state(self._state_shape(b_old, layout), shard),
+      args = (self._abstract_state(self.state_shape(b_old, layout), shard),
               self._abstract(jax.ShapeDtypeStruct((b_new,), jnp.int32), shard))
       return fn, args, ()  # shapes shrink: no reuse
     return key, build
@@ -298,9 +299,9 @@ class Programs:
   def get(self, key_build):
     """The executable of a (key, build) pair, compiled, loaded or moved from a twin as needed."""
     key, build = key_build
-    return self.pool.get(key, self._in_mesh(key[1], build), twins=self.twins(key))
+    return self.pool.get(key, self.in_mesh(key[1], build), twins=self.twins(key))
 
-  def _in_mesh(self, shard: int, build):
+  def in_mesh(self, shard: int, build):
     """`build` whose program is traced under shard `shard`'s mesh when it spans tp devices, so
     that the attention kernel runs on each device's own kv heads (`kernels.attention`)."""
     if self.cfg.tp == 1:

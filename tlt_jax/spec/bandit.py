@@ -41,6 +41,10 @@ class BucketedEpsilonGreedy:
     """Records `reward` (tokens per second) for `arm` at `bucket`."""
     self._rewards[(bucket, arm)].append(float(reward))
 
+  def rewards(self, bucket: int, arm: int) -> list[float]:
+    """The rewards in `arm`'s window at `bucket`, oldest first."""
+    return list(self._rewards[(bucket, arm)])
+
   def best(self, bucket: int, allowed: list[int]) -> int | None:
     """The arm with the best median reward at `bucket` (None before any was tried)."""
     tried = [a for a in allowed if self._rewards[(bucket, a)]]
