@@ -20,7 +20,7 @@ import time
 import numpy as np
 from absl import flags
 
-from experiments import launch
+from experiments import fake_devices, launch
 from tlt_jax.rl.compare import read_metrics
 
 _RUN = flags.DEFINE_string("run_config", "experiments/configs/tiny_tlt.py:scale",
@@ -57,8 +57,7 @@ def main(argv):
   out = os.path.abspath(_OUT.value)
   shutil.rmtree(out, ignore_errors=True)
   train = [sys.executable, "-m", "experiments.train_grpo", f"--config={_RUN.value}"]
-  flags_2 = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"
-  one_env = dict(os.environ, XLA_FLAGS=flags_2.strip())
+  one_env = dict(os.environ, XLA_FLAGS=fake_devices.xla_flags(2))
   one_s = _timed([*train, f"--config.out_dir={out}/one", "--config.train.mesh_shape=(2, 1)",
                   "--config.rollout.engine.num_shards=2"], one_env)
   two_s = _timed([sys.executable, "-m", "experiments.launch_local", "--num_processes=2",

@@ -9,10 +9,9 @@ Re-running it resumes or reuses the runs under `out_dir`. The last line printed 
 
 import os
 
-# Two rollout shards need two devices; on CPU they are faked (set before jax is imported).
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_force_host_platform_device_count=2").strip()
+from experiments import fake_devices
+
+fake_devices.use(2)  # two rollout shards need two devices; on CPU they are faked, before jax
 
 import json  # noqa: E402
 import time  # noqa: E402

@@ -19,7 +19,7 @@ import time
 
 from absl import flags
 
-from experiments import launch
+from experiments import fake_devices, launch
 
 _NUM = flags.DEFINE_integer("num_processes", 2, "processes to start", lower_bound=1)
 _DEVICES = flags.DEFINE_integer("devices_per_process", 0,
@@ -38,8 +38,7 @@ def process_env(i: int, n: int, port: int, devices: int) -> dict:
   env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(n),
              JAX_PROCESS_ID=str(i), PYTHONUNBUFFERED="1")
   if devices:
-    env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} "
-                        f"--xla_force_host_platform_device_count={devices}").strip()
+    env["XLA_FLAGS"] = fake_devices.xla_flags(devices, env.get("XLA_FLAGS", ""))
   return env
 
 
