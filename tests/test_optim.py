@@ -30,6 +30,13 @@ def test_without_an_end_the_rate_holds_after_warm_up():
   np.testing.assert_allclose(s[4:], 0.5, atol=1e-5)
 
 
+def test_no_warm_up_steps_at_the_rate_from_the_first_with_or_without_an_end():
+  np.testing.assert_allclose(_step_sizes(optim.adamw(0.5, warmup_steps=0, clip=1e9), 3), 0.5,
+                             atol=1e-5)
+  first = _step_sizes(optim.adamw(0.5, warmup_steps=0, total_steps=10, clip=1e9), 1)
+  np.testing.assert_allclose(first, [0.5], atol=1e-5)
+
+
 def test_a_run_shorter_than_its_warm_up_still_reaches_its_rate():
   s = _step_sizes(optim.adamw(1.0, warmup_steps=50, total_steps=3, clip=1e9), 4)
   np.testing.assert_allclose(s, [0.0, 0.5, 1.0, 0.1], atol=1e-5)  # warm-up cut to 2 steps

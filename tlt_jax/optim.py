@@ -13,7 +13,8 @@ def adamw(lr: float, *, warmup_steps: int, total_steps: int | None = None,
   `end_lr_fraction * lr` at `total_steps`. Without (a trainer with no fixed end, the drafter's):
   warm-up, then `lr` from there on."""
   if total_steps is None:
-    schedule = optax.linear_schedule(0.0, lr, max(warmup_steps, 1))
+    schedule = (optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps
+                else optax.constant_schedule(lr))
   else:
     warmup = min(warmup_steps, max(total_steps - 1, 0))
     schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(total_steps, warmup + 1),

@@ -414,7 +414,8 @@ def drafter_recipe(section: Mapping, other_keys=()) -> DrafterRecipe:
   return DrafterRecipe(model=model,
                        train=typed(DrafterTrainConfig, d.get("train"), "drafter.train"),
                        warmup=typed(WarmupConfig, d.get("warmup"), "drafter.warmup"),
-                       warmup_prompts=int(d.get("warmup_prompts", 64)), init_from=init_from)
+                       warmup_prompts=int(d.get("warmup_prompts", DrafterRecipe.warmup_prompts)),
+                       init_from=init_from)
 
 
 def drafter_workload(wc: WorkloadConfig, recipe: DrafterRecipe, seed: int, policy=None):

@@ -49,7 +49,9 @@ class AdaptiveConfig:
   captured segments, spot training, checked publishing, and how many of each new rollout's
   segments check a candidate."""
 
-  train: DrafterTrainConfig = DrafterTrainConfig()
+  # Spot training comes in short bursts on recent data: a higher rate and a short warm-up than
+  # the offline warm-up's defaults.
+  train: DrafterTrainConfig = DrafterTrainConfig(lr=1e-3, warmup_steps=5)
   buffer: BufferConfig = BufferConfig()
   spot: SpotConfig = SpotConfig()
   publish: PublishConfig = PublishConfig()
@@ -58,10 +60,12 @@ class AdaptiveConfig:
   @classmethod
   def from_dict(cls, d, key: str = "drafter.adaptive") -> "AdaptiveConfig":
     """From a config section (`key`: where it sits, for the error messages)."""
-    parts = dict(train=DrafterTrainConfig, buffer=BufferConfig, spot=SpotConfig,
-                 publish=PublishConfig)
-    return typed(cls, d, key, **{name: functools.partial(typed, part, key=f"{key}.{name}")
-                                 for name, part in parts.items()})
+    # A nested section's keys over this config's own default of that part.
+    part = lambda name, section: typed(
+        type(getattr(cls, name)), {**dataclasses.asdict(getattr(cls, name)), **(section or {})},
+        f"{key}.{name}")
+    return typed(cls, d, key, **{name: functools.partial(part, name)
+                                 for name in ("train", "buffer", "spot", "publish")})
 
 
 class AdaptiveDrafter:

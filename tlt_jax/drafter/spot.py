@@ -39,7 +39,7 @@ class SpotConfig:
   budget_share: float = 0.0     # ... plus this share of the step's rollout seconds
   budget_steps: int = 0         # ... or this many steps (the same whatever the machine's speed)
   max_steps_per_window: int = 0  # 0: until preempted
-  min_segments: int = 8         # train only once the buffer holds this many segments
+  min_segments: int = 16        # train only once the buffer holds this many segments
   seed: int = 0                 # the batches' draws (addressed by step and window)
 
   def __post_init__(self):

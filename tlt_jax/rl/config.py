@@ -1,7 +1,8 @@
 """An RL run's config: the launcher's ml-collections config, sectioned, turned once into typed
 settings (`run_config`), every key and value checked before any work.
 
-Sections (experiments/configs/base.py has their defaults):
+Sections (their defaults: the dataclasses of `rl/schema.py`, listed in docs/CONFIG.md;
+experiments/configs/base.py holds what the shipped recipes change):
   name, out_dir, cache_dir, seed   the run's identity, directories and seed
   model     name (a registered workload) and, for `tiny`, its SFT `warm_start` recipe
   task      reward, the training pool's `difficulty` mix, and the workload's own settings

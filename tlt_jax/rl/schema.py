@@ -86,9 +86,14 @@ def fields(section: tuple[str, ...], config=None) -> dict[str, str]:
 
 
 def defaults(section: tuple[str, ...]) -> dict:
-  """The dataclass defaults of a section path's fields (those that have one)."""
+  """The dataclass defaults of a section path's fields (those that have one); a nested section's
+  are its parent's default of it where the parent gives one (`drafter.adaptive.train`)."""
   if section not in SECTIONS:
     return {}
+  owner = getattr(SECTIONS.get(section[:-1]), section[-1], None)
+  if dataclasses.is_dataclass(owner) and not isinstance(owner, type):
+    return {k: v for k, v in dataclasses.asdict(owner).items()
+            if k not in EXCLUDED.get(section, ())}
   out = {}
   for f in dataclasses.fields(SECTIONS[section]):
     if f.name in EXCLUDED.get(section, ()):
@@ -162,7 +167,8 @@ _EXTRA_MEANING = {
     ("model", "path"): "a local Hugging Face folder, a .gguf file or a preset (`math`; `smollm2`: "
                        "its own GGUF elsewhere)",
     ("rl", "learner"): "the learner by name (`grpo`, `gspo`, `dapo`); its settings in `rl.<name>`",
-    ("rollout", "noise"): "the noise's address: `step` (fresh every step) or `prompt` (docs/REPLAY.md)",
+    ("rollout", "noise"): "the noise's address: `step` (fresh every step) or `prompt` "
+                          "(docs/REPLAY.md)",
     ("rollout", "noise_refresh"): "visits of a prompt per noise epoch (0: never renewed)",
     ("train", "num_prompts"): "the training prompt pool",
     ("train", "eval_prompts"): "held-out prompts scored every `eval_every` steps",

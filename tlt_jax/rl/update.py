@@ -28,11 +28,13 @@ from tlt_jax.rl.learner import Learner
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
   """The policy's optimizer (`config.rl.optim`): AdamW after global-norm clipping, a linear
-  warm-up then cosine decay to `end_lr_fraction` over `total_steps` optimizer steps."""
+  warm-up then cosine decay to `end_lr_fraction` over `total_steps` optimizer steps (0: every
+  optimizer step of the run, as `run_config` resolves it; an updater given 0 keeps the rate after
+  its warm-up)."""
 
   lr: float = 1e-5            # the peak learning rate
   warmup_steps: int = 5       # linear warm-up optimizer steps to it
-  total_steps: int = 100      # the schedule's optimizer steps (a run's 0: all of its steps)
+  total_steps: int = 0        # the schedule's optimizer steps (0: every one of the run's)
   end_lr_fraction: float = 0.1  # the rate at the end, as a share of lr
   weight_decay: float = 0.0   # AdamW's
   clip: float = 1.0           # global gradient-norm clip
@@ -42,7 +44,7 @@ class OptimConfig:
   def __post_init__(self):
     checks = [(self.lr > 0, "lr must be > 0"),
               (self.warmup_steps >= 0, "warmup_steps must be >= 0"),
-              (self.total_steps >= 1, "total_steps must be >= 1"),
+              (self.total_steps >= 0, "total_steps must be >= 0 (0: the run's)"),
               (0 <= self.end_lr_fraction <= 1, "end_lr_fraction must be in [0, 1]"),
               (self.weight_decay >= 0, "weight_decay must be >= 0"),
               (self.clip > 0, "clip must be > 0"),
@@ -53,7 +55,8 @@ class OptimConfig:
 
   def optimizer(self) -> optax.GradientTransformation:
     """AdamW with these settings."""
-    return optim.adamw(self.lr, warmup_steps=self.warmup_steps, total_steps=self.total_steps,
+    return optim.adamw(self.lr, warmup_steps=self.warmup_steps,
+                       total_steps=self.total_steps or None,
                        end_lr_fraction=self.end_lr_fraction, b1=self.b1, b2=self.b2,
                        weight_decay=self.weight_decay, clip=self.clip)
 
