@@ -18,8 +18,10 @@ import importlib.util
 import json
 import os
 
+import numpy as np
 from tensorboardX import SummaryWriter
 
+from tlt_jax.evaluation import group_stats
 from tlt_jax.paths import as_path, is_remote, open_appending
 from tlt_jax.rl.rundir import RUN_RECORD
 
@@ -115,6 +117,43 @@ class RunWriter:
       self._wandb.close()
     for f in self._files.values():
       f.close()
+
+
+def step_metrics(step: int, first, result, learned: dict, mismatch: float,
+                 drafter: dict | None, seconds: dict, counts: dict) -> dict:
+  """One step's record, assembled in one place: the first rollout round's samples `first` and
+  engine `result`, the update's (and the learner's selection) figures `learned`, the trainer's
+  log-prob mismatch against the rollout, the adaptive drafter's figures, the stages' `seconds`
+  (rollout, update, weight_sync, collective, step) and `counts` (drafter_version, sync_bytes,
+  collective_bytes). Top-level keys are what tools and checks read; the rest by namespace."""
+  correct = (first.rewards_PxG() >= 1.0).astype(np.float32)
+  summary = result.timeline.summary()
+  out = {
+      "step": step, "reward": float(first.rewards_R.mean()),
+      **{f"rollout/{k}": v for k, v in group_stats(correct, first.lengths_R,
+                                                   first.rewards_PxG()).items()},
+      "rollout/tokens_per_s": summary["tokens_per_s"],
+      "rollout/replay_fraction": summary["replay_fraction"],
+      "spec/accept_len": summary.get("spec", {}).get("accept_len", 0.0),
+      "spec/sd_on_fraction": summary["sd_on_fraction"],
+      **{f"spec/steps/{arm}": n for arm, n in summary["spec_steps_per_arm"].items()},
+      "drafter/version": counts["drafter_version"],
+      **{f"train/{k}": v for k, v in learned.items()},
+      "train/logprob_mismatch_max": mismatch,
+      "train/collective_bytes": int(counts["collective_bytes"]),
+      "train/sync_bytes": int(counts["sync_bytes"]),
+      **(drafter or {"time/drafter_s": 0.0, "drafter/idle_used_s": 0.0}),
+      "rollout_s": round(seconds["rollout"], 4), "time/tail_s": round(tail_seconds(result), 4),
+      "time/update_s": round(seconds["update"], 4),
+      "time/weight_sync_s": round(seconds["weight_sync"], 4),
+      "time/collective_s": round(seconds["collective"], 4),
+      "time/idle_device_s": round(float(sum(summary["shard_idle_s"])), 4),
+      "step_s": round(seconds["step"], 4),
+  }
+  out["time/rollout_share"] = round(out["rollout_s"] / out["step_s"], 4)
+  if drafter:  # what the adaptive drafter's training added to the step, beyond idle shards
+    out["drafter/overhead"] = round(out["time/drafter_s"] / out["step_s"], 4)
+  return out
 
 
 def rollout_record(step: int, res) -> dict:

@@ -37,14 +37,13 @@ from tlt_jax.checkpoint import Checkpointer
 from tlt_jax.errors import ConfigError, TrainingError
 from tlt_jax.drafter.adaptive import AdaptiveDrafter
 from tlt_jax.drafter.proposer import as_proposer
-from tlt_jax.evaluation import group_stats
 from tlt_jax.models.sharding import make_mesh
 from tlt_jax.models.transformer import REMAT_POLICIES
 from tlt_jax.paths import as_path
 from tlt_jax.rl import resume
 from tlt_jax.rl.hooks import loop_hooks
 from tlt_jax.rl.learner import Learner
-from tlt_jax.rl.metrics import RunWriter, check_loggers, rollout_record, tail_seconds
+from tlt_jax.rl.metrics import RunWriter, check_loggers, rollout_record, step_metrics
 from tlt_jax.rl.samples import Samples, select_groups
 from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater, rollout_update
 from tlt_jax.rollout import compiles
@@ -285,32 +284,13 @@ class Trainer:
     if self.adaptive is not None:
       self.adaptive.after_update()
     t_update = time.perf_counter() - t1
-    correct = (first.rewards_PxG() >= 1.0).astype(np.float32)
-    summary = res.timeline.summary()
-    out = {  # top-level: what tools and checks read; the rest by namespace
-        "step": self.step, "reward": float(first.rewards_R.mean()),
-        **{f"rollout/{k}": v for k, v in group_stats(correct, first.lengths_R,
-                                                     first.rewards_PxG()).items()},
-        "rollout/tokens_per_s": summary["tokens_per_s"],
-        "rollout/replay_fraction": summary["replay_fraction"],
-        "spec/accept_len": summary.get("spec", {}).get("accept_len", 0.0),
-        "spec/sd_on_fraction": summary["sd_on_fraction"],
-        **{f"spec/steps/{arm}": n for arm, n in summary["spec_steps_per_arm"].items()},
-        "drafter/version": self.engine.weights.drafter_version,
-        **{f"train/{k}": v for k, v in (metrics | select_metrics).items()},
-        "train/logprob_mismatch_max": mismatch,
-        "train/collective_bytes": int(self._collective_bytes),
-        "train/sync_bytes": int(self.engine.weights.sync_bytes),
-        **(drafter_metrics or {"time/drafter_s": 0.0, "drafter/idle_used_s": 0.0}),
-        "rollout_s": round(t_rollout, 4), "time/tail_s": round(tail_seconds(res), 4),
-        "time/update_s": round(t_update, 4), "time/weight_sync_s": round(t_sync, 4),
-        "time/collective_s": round(self._collective_s, 4),
-        "time/idle_device_s": round(float(sum(summary["shard_idle_s"])), 4),
-        "step_s": round(time.perf_counter() - t0, 4),
-    }
-    out["time/rollout_share"] = round(out["rollout_s"] / out["step_s"], 4)
-    if self.adaptive is not None:  # what its training added to the step, beyond idle shards
-      out["drafter/overhead"] = round(out["time/drafter_s"] / out["step_s"], 4)
+    weights = self.engine.weights
+    out = step_metrics(
+        self.step, first, res, metrics | select_metrics, mismatch, drafter_metrics,
+        seconds={"rollout": t_rollout, "update": t_update, "weight_sync": t_sync,
+                 "collective": self._collective_s, "step": time.perf_counter() - t0},
+        counts={"drafter_version": weights.drafter_version, "sync_bytes": weights.sync_bytes,
+                "collective_bytes": self._collective_bytes})
     record = rollout_record(self.step, res)
     if self.memory is not None:
       self.memory.end_step()
