@@ -31,13 +31,13 @@ from tlt_jax.models.sharding import check_tp
 from tlt_jax.models.transformer import token_view
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.captured import CapturedHidden
-from tlt_jax.rollout.plain import pad_prompts
-from tlt_jax.rollout.noise import NOISE_MODES, PROMPT_WORDS, step_addresses
+from tlt_jax.rollout.noise import NOISE_MODES, PROMPT_WORDS
 from tlt_jax.rollout.pool import configure_compilation_cache
 from tlt_jax.rollout.port import DrafterPort
-from tlt_jax.rollout.programs import Layout, Programs, bucket_for, distinct_prompts
+from tlt_jax.rollout.programs import Layout, Programs, bucket_for
 from tlt_jax.rollout.replay_choice import ReplayChoice
-from tlt_jax.rollout.scheduler import Results, ShardRun, next_ready, split_waves
+from tlt_jax.rollout.scheduler import (Call, Results, Scheduler, ShardRun, next_ready,
+                                       row_inputs, split_waves, warm_up_waves)
 from tlt_jax.rollout.shards import shard_meshes
 from tlt_jax.rollout.timeline import Timeline
 from tlt_jax.rollout.weights import WeightStore
@@ -136,24 +136,6 @@ class RolloutResult:
     return self.tokens[i, : self.lengths[i]].tolist()
 
 
-@dataclasses.dataclass
-class _Call:
-  """One `generate` call: the request, its layout, each shard's waves and the host results."""
-
-  prompts: list[list[int]]
-  rows: list[tuple[int, int]]      # (sample id, prompt index) of each row
-  addresses: np.ndarray            # [R, W] each row's noise address
-  replay: list                     # each row's stored response to replay (None: none)
-  waves: list[list[np.ndarray]]    # each shard's waves of rows, not yet started
-  params: SamplingParams
-  p_bucket: int                    # the prompt bucket of every prefill
-  layout: Layout                   # what the call's programs share
-  corpus: dict[int, list[int]]
-  keys: list[jax.Array]            # the sampling key on each shard
-  out: Results
-  timeline: Timeline
-
-
 class RolloutEngine:
   """Generates G samples per prompt with compaction, k-step dispatches and per-device shards."""
 
@@ -170,8 +152,7 @@ class RolloutEngine:
     self.replay_choice = ReplayChoice(replay_chunk, costs if replay_dispatch == "cost" else None)
     self.noise = noise  # "prompt": `generate` takes each row's address (`rollout/noise.py`)
     self.words = PROMPT_WORDS if noise == "prompt" else 1
-    self.spec = (SpecController(spec, config.batch_buckets, costs) if spec is not None
-                 else None)
+    self.spec = SpecController(spec, config.batch_buckets, costs) if spec is not None else None
     names = dict.fromkeys(a.proposer for a in spec.arms if not a.is_plain) if spec else {}
     # The proposers that keep per-row state from the rows' context, in `DecodeState.proposers`.
     self.context_proposers = tuple(p for p in map(get_proposer, names) if p.reads_context)
@@ -192,9 +173,8 @@ class RolloutEngine:
                              attention=self.attention, cache_dtype=self.cache_dtype,
                              spec_config=spec, words=self.words, replay_chunk=replay_chunk)
     self.pool = self.programs.pool
+    self.scheduler = Scheduler(config, self.spec, self.replay_choice, self.programs.lazy_follow)
     self.token_graphdef = nnx.split(token_view(model))[0]  # what a drafter reads of the policy
-
-  # ------------------------------------------------------------------ generate
 
   def drafter_port(self) -> DrafterPort:
     """What the drafter package may read of this engine and publish to it."""
@@ -228,13 +208,14 @@ class RolloutEngine:
     layout = self.programs.layout(n, capture_hidden, max(len(p) for p in prompts))
     rows = [(first_sample + i * group_size + g, i) for i in range(len(prompts))
             for g in range(group_size)]
-    addresses, replay = self._row_inputs(len(rows), first_sample, addresses, replay)
-    call = _Call(prompts, rows, addresses, replay, split_waves(self.cfg, len(rows)), params,
-                 p_bucket, layout, corpus or {},
-                 [jax.device_put(key, self.weights.sharding(s)) for s in range(len(self.meshes))],
-                 Results(len(rows), n, self.model_cfg.d_model, self.pad_id, capture_hidden,
-                         self.model_cfg.dtype),
-                 Timeline(self.cfg.num_shards))
+    addresses, replay = row_inputs(len(rows), first_sample, addresses, replay, self.words,
+                                   self.noise, self.replay_chunk)
+    call = Call(prompts, rows, addresses, replay, split_waves(self.cfg, len(rows)), params,
+                p_bucket, layout, corpus or {},
+                [jax.device_put(key, self.weights.sharding(s)) for s in range(len(self.meshes))],
+                Results(len(rows), n, self.model_cfg.d_model, self.pad_id, capture_hidden,
+                        self.model_cfg.dtype),
+                Timeline(self.cfg.num_shards))
     built = compiles.Since()
     start = time.perf_counter()
     for s, waves in enumerate(call.waves):
@@ -265,114 +246,52 @@ class RolloutEngine:
     return RolloutResult(out.tokens_RxN, out.logprobs_RxN, out.lengths_R, reasons, out.hidden,
                          timeline)
 
-  def _row_inputs(self, r: int, first_sample: int, addresses, replay) -> tuple[np.ndarray, list]:
-    """`generate`'s per-row inputs checked: each of the `r` rows' address and stored response."""
-    if addresses is None:
-      addresses = step_addresses(r, first_sample, self.words)
-    if np.shape(addresses) != (r, self.words) or (replay is not None and len(replay) != r):
-      raise ValueError(f"addresses must be [rows, words] = {(r, self.words)} for this engine "
-                       f"(noise={self.noise!r}) and replay one entry per row, got "
-                       f"{np.shape(addresses)} and {None if replay is None else len(replay)}.")
-    replay = replay if self.replay_chunk and replay is not None else [None] * r
-    return np.asarray(addresses, np.int32), replay
-
-  def _start_wave(self, call: _Call, s: int) -> ShardRun:
-    """Prefills shard `s`'s next wave (the G samples of a prompt share one prompt forward)."""
-    wave = call.waves[s].pop(0)
-    b = bucket_for(len(wave), self.cfg.batch_buckets)
-    prefill_idx, u, src_np = distinct_prompts([call.rows[r][1] for r in wave], b,
-                                              self.cfg.batch_buckets)
-    prompts_np, lens_np = pad_prompts([call.prompts[q] for q in prefill_idx], call.p_bucket,
-                                      self.pad_id)
-    context_np, context_len = _contexts(call, wave, b, self.cfg.corpus_len)
-    pad, upad = b - len(wave), u - len(prefill_idx)
-    prompts_np = np.pad(prompts_np, ((0, upad), (0, 0)), constant_values=self.pad_id)
-    lens_np = np.pad(lens_np, (0, upad), constant_values=1)
-    ids_np = np.pad(call.addresses[wave], ((0, pad), (0, 0)))
-    replay_np, replay_len = _stored(call, wave, b, call.layout)
-    active = np.arange(b) < len(wave)
+  def _start_wave(self, call: Call, s: int) -> ShardRun:
+    """Prefills shard `s`'s next wave (`Scheduler.wave` assembles it)."""
+    wave = self.scheduler.wave(call, s, self.pad_id)
     t0 = time.perf_counter()
-    exe = self.programs.get(self.programs.prefill(s, b, u, call.p_bucket, call.layout))
+    exe = self.programs.get(self.programs.prefill(s, wave.b, wave.u, call.p_bucket, call.layout))
     put = self.weights.sharding(s)
-    st = exe(self.weights.shard(s), *[jax.device_put(x, put) for x in (
-        prompts_np, lens_np, src_np, ids_np, active, context_np, context_len, replay_np,
-        replay_len)])
-    call.timeline.record(s, "prefill", t0, time.perf_counter(), b, len(wave))
-    slot_rows = np.concatenate([wave, np.full(pad, -1)])  # row of each slot (-1: padding)
-    return ShardRun(st, b, slot_rows, len(wave), np.zeros(b, np.int64), np.zeros(b, np.int64),
-                    replaying=(replay_len > 0) & active, replayed=np.zeros(b, np.int64))
+    st = exe(self.weights.shard(s), *[jax.device_put(x, put) for x in wave.arrays])
+    call.timeline.record(s, "prefill", t0, time.perf_counter(), wave.b, len(wave.rows))
+    return self.scheduler.started(wave, st)
 
-  def _dispatch(self, call: _Call, s: int, run: ShardRun) -> None:
-    """Launches shard `s`'s next `steps_per_dispatch` steps: replay where `ReplayChoice` says it
-    is faster for the rows still replaying, else plain or the arm the controller picks for its
-    batch; returns without waiting for them."""
-    arm, drafts = None, False
-    if self.replay_choice.replays(run.b, run.live, int(np.sum(run.replaying))):
-      key_build, run.kind = self.programs.replay(s, run.b, call.layout, call.params), "replay"
+  def _dispatch(self, call: Call, s: int, run: ShardRun) -> None:
+    """Launches shard `s`'s next `steps_per_dispatch` steps, as `Scheduler.choose` says;
+    returns without waiting for them."""
+    d = self.scheduler.choose(run, self.pool.compiling())
+    if d.kind == "replay":
+      key_build = self.programs.replay(s, run.b, call.layout, call.params)
+    elif d.strategy is None:
+      key_build = self.programs.decode(s, run.b, call.layout, call.params)
     else:
-      arm = self.spec.choose(run.b, run.live) if self.spec is not None else None
-      if arm is None or self.spec.is_plain(arm):
-        key_build, run.kind = self.programs.decode(s, run.b, call.layout, call.params), "decode"
-      else:
-        strategy = self.spec.config.arms[arm]
-        key_build = self.programs.speculative(s, run.b, call.layout, call.params, strategy,
-                                              self.spec.config.rule)
-        run.kind = f"spec:{strategy.name}"
-        drafts = get_proposer(strategy.proposer).uses_draft_model
-    # A lazy drafter reads what it missed at the start of its next drafting dispatch.
-    catch_up = drafts and self.programs.lazy_follow and not run.drafter_current
-    run.apart = "compiling" if self.pool.compiling() else "catch_up" if catch_up else ""
-    run.drafter_current = drafts or not self.programs.lazy_follow
-    run.arm, run.t0 = arm, time.perf_counter()
+      key_build = self.programs.speculative(s, run.b, call.layout, call.params, d.strategy,
+                                            self.spec.config.rule)
     run.state = self.programs.get(key_build)(self.weights.shard(s), run.state, call.keys[s])
 
-  def _settle(self, call: _Call, s: int, run: ShardRun) -> ShardRun | None:
+  def _settle(self, call: Call, s: int, run: ShardRun) -> ShardRun | None:
     """After shard `s`'s dispatch: records it, harvests finished rows and compacts the batch into
-    a smaller bucket; when no row is left, starts the shard's next wave (None: no wave left)."""
-    done, t_now, ss_now, on_now, rp_now = (np.asarray(x) for x in jax.device_get(
+    a smaller bucket (`Scheduler.settled`, `compaction`); when no row is left, starts the shard's
+    next wave (None: no wave left)."""
+    synced = tuple(np.asarray(x) for x in jax.device_get(
         (run.state.done_B, run.state.t_B, run.state.spec.steps_B, run.state.replay.on_B,
          run.state.replay.emitted_B)))
-    wall = time.perf_counter() - run.t0
-    live_slots = np.flatnonzero(~done & (run.slots >= 0))
-    emitted = int(np.sum(t_now - run.t))
-    call.timeline.record(s, run.kind, run.t0, time.perf_counter(), run.b, run.live,
-                         steps=self.cfg.steps_per_dispatch, live_after=len(live_slots),
-                         tokens=emitted, replayed=int(np.sum(rp_now - run.replayed)))
-    if run.kind == "replay":
-      on = run.replaying  # the rows that replayed at the dispatch's start
-      self.replay_choice.record(int(np.sum((t_now - run.t)[on])), int(np.sum(on)),
-                                self.cfg.steps_per_dispatch)
-    run.replaying, run.replayed = on_now & ~done & (run.slots >= 0), rp_now
-    if run.arm is not None:
-      self.spec.record(run.b, run.arm, emitted, int(np.sum(ss_now - run.ss)), wall, run.live,
-                       apart=run.apart)
-    run.t, run.ss = t_now, ss_now
-    finished = np.flatnonzero(done & (run.slots >= 0))
+    live_slots, finished = self.scheduler.settled(call, s, run, synced)
     if len(live_slots) == 0:
       call.out.harvest(run.state, finished, run.slots[finished], last=True)
       kvc.check_overflow(run.state.cache)
       return self._start_wave(call, s) if call.waves[s] else None
-    new_b = bucket_for(len(live_slots), self.cfg.batch_buckets)
-    if new_b < run.b:
+    c = self.scheduler.compaction(run, live_slots, synced[0])
+    if c is not None:
       t0 = time.perf_counter()
       call.out.harvest(run.state, finished, run.slots[finished], last=False)
-      filler = np.flatnonzero(done)[0]  # a done slot: padding rows must stay done
-      # One bucket down at a time (programs only for adjacent buckets): the first gather puts
-      # the live rows first, each later one keeps the leading rows.
-      chain = [x for x in reversed(self.cfg.batch_buckets) if new_b <= x < run.b]
-      idx = np.concatenate([live_slots, np.full(chain[0] - len(live_slots), filler)])
-      for b_old, b_new in zip([run.b] + chain, chain):
-        step_idx = idx if b_old == run.b else np.arange(b_new)
+      for b_old, b_new in zip([run.b] + c.chain, c.chain):
+        step_idx = c.idx if b_old == run.b else np.arange(b_new)
         exe = self.programs.get(self.programs.compact(s, b_old, b_new, call.layout))
         run.state = exe(run.state, jax.device_put(step_idx.astype(np.int32),
                                                   self.weights.sharding(s)))
-      idx = idx[:new_b]
-      slots = run.slots[idx]
-      slots[len(live_slots):] = -1  # padding slots: already harvested, never harvested again
-      run.slots, run.b = slots, new_b
-      run.t, run.ss, run.replayed = run.t[idx], run.ss[idx], run.replayed[idx]
-      run.replaying = run.replaying[idx] & (slots >= 0)
-      call.timeline.record(s, "compact", t0, time.perf_counter(), new_b, len(live_slots))
+      self.scheduler.compacted(run, c, len(live_slots))
+      call.timeline.record(s, "compact", t0, time.perf_counter(), c.b, len(live_slots))
     run.live = len(live_slots)
     return run
 
@@ -404,9 +323,8 @@ class RolloutEngine:
     n = params.max_new_tokens
     layout = self.programs.layout(n, capture_hidden)
     keys = {}
-    for num_prompts, group_size in calls:
-      for s, waves in enumerate(split_waves(self.cfg, num_prompts * group_size)):
-        wave_prompts = [[int(r) // group_size for r in wave] for wave in waves]
+    for shards in warm_up_waves(self.cfg, calls):
+      for s, wave_prompts in enumerate(shards):
         for key, build in self.programs.reachable(s, wave_prompts, p_buckets, layout, params,
                                                   self.spec):
           keys[key] = build
@@ -459,31 +377,3 @@ def _checked(config: EngineConfig, spec: SpecConfig | None, drafter, noise: str,
   if config.cache_slack < slack:
     config = dataclasses.replace(config, cache_slack=slack)
   return config
-
-
-def _stored(call: _Call, wave, b: int, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
-  """Each slot's stored response to replay (`[b, n]`, `[b, 0]` when replay is off) and its
-  length (0: none)."""
-  tokens_np = np.zeros((b, layout.n if layout.replay else 0), np.int32)
-  len_np = np.zeros(b, np.int32)
-  for slot, r in enumerate(wave):
-    stored = call.replay[r]
-    if layout.replay and stored is not None and len(stored):
-      m = min(len(stored), layout.n)
-      tokens_np[slot, :m], len_np[slot] = stored[:m], m
-  return tokens_np, len_np
-
-
-def _contexts(call: _Call, wave, b: int, corpus_len: int) -> tuple[np.ndarray, np.ndarray]:
-  """Each slot's context for the proposers that read it: the last `corpus_len` tokens of its
-  prompt's corpus, then the prompt (`[b, context_len]`, -1 past each length)."""
-  width = call.layout.ctx_len
-  context_np, len_np = np.full((b, width), -1, np.int32), np.zeros(b, np.int32)
-  if not width:
-    return context_np, len_np
-  for slot, r in enumerate(wave):
-    q = call.rows[r][1]
-    text = list(call.corpus.get(q, []))
-    seq = text[max(len(text) - corpus_len, 0):] + list(call.prompts[q])
-    context_np[slot, : len(seq)], len_np[slot] = seq, len(seq)
-  return context_np, len_np
