@@ -39,14 +39,14 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.drafter = "smollm2"
   c.costs = ml_collections.ConfigDict(dict(
       rounds=1 if dry else 3, iters=2 if dry else 10,
-      batches=(1, 2) if dry else (1, 4, 16, 64),          # the grid of `a_costs_grid`
+      batches=(1,) if dry else (1, 4, 16, 64),            # the grid of `a_costs_grid`
       tokens=(1, 4) if dry else (1, 4, 16, 32, 48)))
   c.rollouts = ml_collections.ConfigDict(dict(
-      rows=(1, 2) if dry else (1, 4, 16, 64),
+      rows=(1,) if dry else (1, 4, 16, 64),
       arms=(("eagle", 2, 0), ("tree", 2, 2, 3)) if dry else (
           ("eagle", 3, 0), ("tree", 6, 4, 16), ("tree", 8, 4, 32)),
       # (temperature, rows) in order of value: sampled from few rows first
-      order=((0.9, 1), (0.0, 2)) if dry else (
+      order=((0.9, 1), (0.0, 1)) if dry else (
           (0.9, 1), (0.9, 4), (0.0, 1), (0.0, 4), (0.9, 16), (0.0, 16), (0.9, 64), (0.0, 64)),
       repeats=1 if dry else 3,
       share=1.0 if dry else 0.45))  # of the time left when the phase starts
@@ -54,7 +54,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       baseline="tiny_baseline" if dry else "smollm2_baseline",
       tlt="tiny_tlt" if dry else "smollm2_tlt", variant="small" if dry else "",
       # (dotted key, value) set in both runs' configs; the dry run's drafter is the demo's
-      overrides=(("train.eval_every", 0), ("train.steps", 2), ("drafter.init_from", "demo"),
+      overrides=(("train.eval_every", 0), ("train.steps", 1), ("drafter.init_from", "demo"),
                  ("spec.arms", (("eagle", 3, 0), ("plain", 1, 0))))
       if dry else (("train.eval_every", 0), ("model.compute_dtype", "bfloat16"))))
   c.large = ml_collections.ConfigDict(dict(

@@ -28,6 +28,7 @@ from tlt_jax.rl import resume
 from tlt_jax.rl.trainer import LoopConfig, Trainer
 from tlt_jax.rl.update import OptimConfig
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.history import HistoryConfig, ReplayConfig
 from tlt_jax.rollout.noise import PromptNoise
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
@@ -101,7 +102,8 @@ def test_replayed_tokens_buffer_the_hidden_states_of_a_full_forward():
   addresses = PromptNoise().addresses(prompts, 2)
   eng = RolloutEngine(target, EngineConfig(batch_buckets=(2, 8), max_batch=8,
                                            steps_per_dispatch=3, precompile=False),
-                      noise="prompt", replay_chunk=6)
+                      replay=ReplayConfig("prompt",
+                                          history=HistoryConfig(max_tokens=10_000, chunk=6)))
   first = eng.generate(prompts, 2, params, jax.random.key(3), addresses=addresses)
   stored = [first.response(i)[:max(int(first.lengths[i]) * 2 // 3, 1)]
             for i in range(len(addresses))]

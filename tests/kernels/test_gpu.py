@@ -14,6 +14,7 @@ from tests.spec.test_spec_engine import _prompts, peaked_model
 from tlt_jax.kernels.attention import Prefix, attention, to_cache_layout
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.history import HistoryConfig, ReplayConfig
 from tlt_jax.rollout.noise import PromptNoise
 
 pytestmark = [pytest.mark.gpu,
@@ -78,7 +79,9 @@ def test_replay_through_the_triton_kernel_gives_the_tokens_of_decoding_afresh(te
   def generate(impl, chunk, replay=None):
     eng = RolloutEngine(target, EngineConfig(batch_buckets=(4, 8), max_batch=8,
                                              steps_per_dispatch=3, precompile=False,
-                                             attention=impl), noise="prompt", replay_chunk=chunk)
+                                             attention=impl),
+                        replay=ReplayConfig("prompt", history=HistoryConfig(
+                            max_tokens=10_000 if chunk else 0, chunk=chunk)))
     return eng.generate(prompts, 2, params, jax.random.key(3), addresses=addresses,
                         replay=replay)
 

@@ -11,7 +11,7 @@ from tlt_jax.models import init_model
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
-from tlt_jax.rollout.history import StoredResponses, HistoryConfig
+from tlt_jax.rollout.history import HistoryConfig, ReplayConfig, StoredResponses
 from tlt_jax.rollout.noise import PROMPT_WORDS, PromptNoise, prompt_id
 from tlt_jax.rollout.replay_choice import ReplayChoice
 from tlt_jax.spec.costs import CostTable
@@ -43,8 +43,9 @@ def _moved(model, scale: float):
 def _engine(model, replay_chunk=CHUNK, spec=None, costs=None, dispatch="cost", **kw):
   cfg = EngineConfig(**dict(dict(batch_buckets=(2, 8), max_batch=8, steps_per_dispatch=3,
                                  precompile=False), **kw))
-  return RolloutEngine(model, cfg, noise="prompt", replay_chunk=replay_chunk, spec=spec,
-                       costs=costs, replay_dispatch=dispatch)
+  replay = ReplayConfig("prompt", history=HistoryConfig(
+      max_tokens=10_000 if replay_chunk else 0, chunk=replay_chunk, dispatch=dispatch))
+  return RolloutEngine(model, cfg, spec=spec, costs=costs, replay=replay)
 
 
 def test_prompt_noise_addresses():

@@ -91,10 +91,10 @@ def replay_config(rollout, spec: SpecConfig | None) -> ReplayConfig:
     raise
   except ValueError as e:
     raise ConfigError(f"config.rollout: {e}") from None
-  if replay.chunk and spec is not None and spec.rule == "rejection":
-    raise ConfigError("config.rollout.history.chunk: replay re-verifies stored responses under "
-                      "the 'coupled' rule only; set config.spec.rule = 'coupled' or "
-                      "history.chunk = 0.")
+  try:
+    replay.check_rule(spec)
+  except ValueError as e:
+    raise ConfigError(f"config.rollout.history.chunk: {e}") from None
   return replay
 
 

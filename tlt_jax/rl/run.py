@@ -27,7 +27,7 @@ from tlt_jax.rl.memory import (GB, MemoryPlan, PlanTarget, device_limit_bytes, p
                                sized_engine)
 from tlt_jax.rl import rundir
 from tlt_jax.rl.trainer import Trainer, check_split
-from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.rollout.engine import EngineConfig, cache_slack
 from tlt_jax.rollout.programs import bucket_for, cache_length
 from tlt_jax.sft import default_cache_dir
 from tlt_jax.workloads import build_drafter, build_workload, fitting, starting_policy
@@ -184,12 +184,12 @@ def build_trainer(rc: RunConfig, progress: bool = True, stages: Stages | None = 
   priced = rc.spec if rc.spec is not None and rc.spec.chooser == "cost" else None
   replay_chunk = rc.replay.chunk if rc.replay.history.dispatch == "cost" else 0
   if priced is not None or replay_chunk:  # measured once per machine, cached
-    slack = max(priced.max_written if priced is not None else 0, replay_chunk) + 1
     top = bucket_for(engine.max_batch, engine.batch_buckets)
     t0 = time.perf_counter()
     costs, loaded = cost_table_for(w.model, stages.drafter, priced,
                                    [b for b in engine.batch_buckets if b <= top],
-                                   longest + w.params.max_new_tokens + slack,
+                                   longest + w.params.max_new_tokens
+                                   + cache_slack(priced, replay_chunk),
                                    rc.workload.cache_dir or default_cache_dir(),
                                    replay_chunk=replay_chunk)
     if progress and not loaded and distributed.is_writer():

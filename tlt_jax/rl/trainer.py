@@ -188,8 +188,7 @@ class Trainer:
     try:
       self.engine = RolloutEngine(workload.model, engine_cfg, pad_id=workload.tokenizer.pad_id,
                                   spec=spec, drafter=as_proposer(drafter), costs=costs,
-                                  noise=replay.noise, replay_chunk=replay.chunk,
-                                  replay_dispatch=replay.history.dispatch)
+                                  replay=replay)
     except ValueError as e:
       raise ConfigError(f"config.rollout.engine: {e}") from None
     self.memory = PromptMemory(replay) if replay.noise == "prompt" else None

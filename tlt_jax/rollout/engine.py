@@ -31,7 +31,8 @@ from tlt_jax.models.sharding import check_tp
 from tlt_jax.models.transformer import token_view
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.captured import CapturedHidden
-from tlt_jax.rollout.noise import NOISE_MODES, PROMPT_WORDS
+from tlt_jax.rollout.history import ReplayConfig
+from tlt_jax.rollout.noise import PROMPT_WORDS
 from tlt_jax.rollout.pool import configure_compilation_cache
 from tlt_jax.rollout.port import DrafterPort
 from tlt_jax.rollout.programs import Layout, Programs, bucket_for
@@ -141,17 +142,17 @@ class RolloutEngine:
 
   def __init__(self, model, config: EngineConfig, *, pad_id: int = 0, devices=None,
                spec: SpecConfig | None = None, drafter: DraftModel | None = None,
-               costs: CostTable | None = None, noise: str = "step", replay_chunk: int = 0,
-               replay_dispatch: str = "cost"):
-    config = _checked(config, spec, drafter, noise, replay_chunk)
+               costs: CostTable | None = None, replay: ReplayConfig = ReplayConfig()):
+    config = _checked(config, spec, drafter, replay)
     if not config.compile_cache_dir and jax.config.jax_compilation_cache_dir:
       config = dataclasses.replace(config, compile_cache_dir=jax.config.jax_compilation_cache_dir)
     self.cfg = config
-    self.replay_chunk = replay_chunk
+    self.replay_chunk = replay_chunk = replay.chunk
     # "share": replay by the share of rows replaying even where `costs` could price it.
-    self.replay_choice = ReplayChoice(replay_chunk, costs if replay_dispatch == "cost" else None)
-    self.noise = noise  # "prompt": `generate` takes each row's address (`rollout/noise.py`)
-    self.words = PROMPT_WORDS if noise == "prompt" else 1
+    self.replay_choice = ReplayChoice(replay_chunk,
+                                      costs if replay.history.dispatch == "cost" else None)
+    self.noise = replay.noise  # "prompt": `generate` takes each row's address (rollout/noise.py)
+    self.words = PROMPT_WORDS if replay.noise == "prompt" else 1
     self.spec = SpecController(spec, config.batch_buckets, costs) if spec is not None else None
     names = dict.fromkeys(a.proposer for a in spec.arms if not a.is_plain) if spec else {}
     # The proposers that keep per-row state from the rows' context, in `DecodeState.proposers`.
@@ -358,22 +359,23 @@ def _validate(cfg: EngineConfig, programs: Programs, prompts, group_size: int,
   return bucket_for(longest, cfg.prefill_buckets)
 
 
-def _checked(config: EngineConfig, spec: SpecConfig | None, drafter, noise: str,
-             replay_chunk: int) -> EngineConfig:
+def cache_slack(spec: SpecConfig | None, replay_chunk: int = 0) -> int:
+  """Cache slots a row needs past its last token: what any arm of `spec` writes there and a
+  replay chunk, plus the bonus token's."""
+  return max(spec.max_written + 1 if spec is not None else 0,
+             replay_chunk + 1 if replay_chunk else 0)
+
+
+def _checked(config: EngineConfig, spec: SpecConfig | None, drafter, replay: ReplayConfig
+             ) -> EngineConfig:
   """The engine's options checked together; the layout with cache slack for the drafts of every
   arm and for a replay chunk."""
-  if noise not in NOISE_MODES:
-    raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}.")
-  if replay_chunk < 0:
-    raise ValueError(f"replay_chunk must be >= 0 (0: off), got {replay_chunk}.")
-  if replay_chunk and spec is not None and spec.rule == "rejection":
-    raise ValueError("Replay re-verifies stored responses under the 'coupled' rule only; set "
-                     "spec.rule = 'coupled' or history.chunk = 0.")
+  replay.check_rule(spec)
+  replay_chunk = replay.chunk
   if spec is not None and any(a.uses_drafter for a in spec.arms) and drafter is None:
     raise ValueError("SpecConfig has 'eagle' or 'tree' arms but no drafter was given to the "
                      "engine.")
-  slack = max(spec.max_written + 1 if spec is not None else 0,
-              replay_chunk + 1 if replay_chunk else 0)
+  slack = cache_slack(spec, replay_chunk)
   if config.cache_slack < slack:
     config = dataclasses.replace(config, cache_slack=slack)
   return config

@@ -68,6 +68,13 @@ class ReplayConfig:
       raise ValueError("history needs noise = 'prompt' (a stored response replays only under "
                        "the noise it was drawn with); set rollout.noise = 'prompt'.")
 
+  def check_rule(self, spec) -> None:
+    """Raises where replay meets a speculation config (`spec`, or None) it cannot run with: it
+    re-verifies stored responses under the `coupled` rule only."""
+    if self.chunk and spec is not None and spec.rule == "rejection":
+      raise ValueError("replay re-verifies stored responses under the 'coupled' rule only; set "
+                       "spec.rule = 'coupled' or rollout.history.chunk = 0.")
+
   @property
   def chunk(self) -> int:
     """Stored tokens verified per replay step (0: no replay)."""
