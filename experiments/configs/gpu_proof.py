@@ -55,7 +55,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       tlt="tiny_tlt" if dry else "smollm2_tlt", variant="small" if dry else "",
       # (dotted key, value) set in both runs' configs; the dry run's drafter is the demo's
       overrides=(("train.eval_every", 0), ("train.steps", 1), ("drafter.init_from", "demo"),
-                 ("spec.arms", (("eagle", 3, 0), ("plain", 1, 0))))
+                 ("spec.arms", (("eagle", 3, 0), ("plain", 1, 0))),
+                 ("train.prompts_per_step", 2), ("train.group_size", 2),  # 4 rows, one bucket
+                 ("rollout.engine.batch_buckets", (4,)), ("rollout.engine.max_batch", 4))
       if dry else (("train.eval_every", 0), ("model.compute_dtype", "bfloat16"))))
   c.large = ml_collections.ConfigDict(dict(
       shape=base.TOY_SHAPE if dry else "qwen2p5_1p5b", compute_dtype="float32" if dry else "bfloat16",

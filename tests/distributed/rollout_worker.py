@@ -21,6 +21,7 @@ from tlt_jax.models import init_model
 from tlt_jax.models.sharding import make_mesh, param_shardings
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.history import HistoryConfig, ReplayConfig
 from tlt_jax.rollout.noise import PromptNoise
 from tlt_jax.rollout.spread import generate_spread
 
@@ -49,7 +50,8 @@ def main():
     out[name] = {"tokens": spread.whole.tokens.tolist(),
                  "lengths": spread.whole.lengths.tolist(),
                  "local_rows": len(spread.local.lengths)}
-  replaying = RolloutEngine(model, layout, noise="prompt", replay_chunk=4)
+  replaying = RolloutEngine(model, layout, replay=ReplayConfig(
+      "prompt", history=HistoryConfig(max_tokens=10_000, chunk=4)))
   if tp > 1:  # from an update on one device of each process: not the shard's, so gathered
     one_each = param_shardings(state, make_mesh(1, jax.process_count(), 1))
     replaying.weights.set_policy(jax.tree.map(distributed.put, state, one_each))

@@ -101,21 +101,21 @@ def _tlt(out_dir, steps):
 
 
 def test_the_adaptive_drafter_s_buffer_and_version_survive_a_resume(tmp_path):
-  """`tiny_tlt:small` (one device, two drafter steps per RL step) straight to step 3, and to
-  step 2 then resumed: the same buffer (tokens, lengths, steps, versions; hidden states within
+  """`tiny_tlt:small` (one device, two drafter steps per RL step) straight to step 2, and to
+  step 1 then resumed: the same buffer (tokens, lengths, steps, versions; hidden states within
   float rounding), the same drafter version, step by step; `drafter/overhead` every step."""
-  straight = build_trainer(_tlt(tmp_path / "straight", 3), progress=False)
+  straight = build_trainer(_tlt(tmp_path / "straight", 2), progress=False)
   history = straight.run(progress=False)
-  build_trainer(_tlt(tmp_path / "resumed", 2), progress=False).run(progress=False)
-  resumed = build_trainer(_tlt(tmp_path / "resumed", 3), progress=False)
+  build_trainer(_tlt(tmp_path / "resumed", 1), progress=False).run(progress=False)
+  resumed = build_trainer(_tlt(tmp_path / "resumed", 2), progress=False)
   resumed.run(progress=False)
   a, b = straight.adaptive.local_state(), resumed.adaptive.local_state()
   for k in ("tokens", "lengths", "versions", "steps", "evicted"):
     np.testing.assert_array_equal(a[k], b[k])
   np.testing.assert_allclose(a["hidden"], b["hidden"], atol=1e-5)
-  assert a["lengths"].sum() > 0 and len(set(a["steps"])) == 3
+  assert a["lengths"].sum() > 0 and len(set(a["steps"])) == 2
   metrics = [json.loads(x) for x in (tmp_path / "resumed" / "metrics.jsonl").read_text()
              .splitlines()]
   assert [m["drafter/version"] for m in metrics] == [m["drafter/version"] for m in history]
-  assert [m["drafter/budget_steps"] for m in history][1:] == [2, 2]  # its stated budget
+  assert [m["drafter/budget_steps"] for m in history] == [0, 2]  # its stated budget, once ready
   assert all(0.0 <= m["drafter/overhead"] < 1.0 for m in history + metrics)
