@@ -1,6 +1,10 @@
 """What every launcher shares: absl's `app.run`, with the libraries' INFO logs off and a
 one-line error for a bad command line or a bad config setting (`ConfigError`).
 
+Every launcher points JAX's persistent compilation cache, once, before anything compiles: at the
+config's `rollout.engine.compile_cache_dir`, else the one the environment names, else
+`<cache_dir>/jax` (`rollout/pool.use_compilation_cache`), so a second run loads its programs.
+
 A run prints its progress bars, its `[run]`/`[demo]` summary lines and warnings. orbax, jax and
 absl log every checkpoint and compile at INFO; ask for them with `--verbosity=0` (absl's flag) or
 `TLT_JAX_VERBOSITY=0` in the environment.
@@ -18,6 +22,8 @@ from absl.logging import converter
 from tlt_jax.distributed import DistributedError
 from tlt_jax.errors import ConfigError
 from tlt_jax.rl import schema
+from tlt_jax.rollout.pool import use_compilation_cache
+from tlt_jax.sft import default_cache_dir
 
 _VERBOSITY_ENV = "TLT_JAX_VERBOSITY"
 
@@ -37,11 +43,20 @@ def run(main) -> None:
     if not flags.FLAGS["verbosity"].present:
       flags.FLAGS.verbosity = level
     try:
+      _use_compilation_cache(flags.FLAGS["config"].value if "config" in flags.FLAGS else None)
       return main(argv)
     except (ConfigError, DistributedError) as e:  # a bad setting or start: one line
       raise SystemExit(str(e)) from None
 
   app.run(quiet_main, flags_parser=parse_flags)
+
+
+def _use_compilation_cache(config) -> str:
+  """JAX's compilation cache for this process, from the launcher's config where it has one."""
+  config = config if isinstance(config, ml_collections.ConfigDict) else ml_collections.ConfigDict()
+  engine = (config.get("rollout") or {}).get("engine") or {}
+  return use_compilation_cache(engine.get("compile_cache_dir", ""),
+                               os.path.join(config.get("cache_dir") or default_cache_dir(), "jax"))
 
 
 def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:

@@ -10,6 +10,7 @@ import pytest
 
 from experiments.config_reference import PATH
 from experiments.configs import base, tiny_baseline, tiny_tlt
+from experiments.launch import has_path
 from tlt_jax.errors import ConfigError
 from tlt_jax.models.precision import Precision
 from tlt_jax.rl.config import run_config
@@ -20,12 +21,7 @@ CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "configs
 
 
 def test_every_run_config_and_variant_converts():
-  runs = {"tiny_baseline": ("", "small", "long"), "tiny_tlt": ("", "small", "long"),
-          "smollm2_baseline": ("", "small"), "smollm2_tlt": ("", "small"),
-          "tiny_seeds": ("", "small", "tlt_rejection"), "bench_drafter": ("", "small"),
-          "bench_replay": ("", "small", "speed", "smollm2"),
-          "hf_math": ("", "small", "tlt", "tlt,small"), "demo": ("baseline",)}
-  for name, variants in runs.items():
+  for name, variants in RUNS.items():
     module = importlib.import_module(f"experiments.configs.{name}")
     for variant in variants:
       rc = run_config(module.get_config(variant), other_keys=("sweep", "bench"))
@@ -33,6 +29,52 @@ def test_every_run_config_and_variant_converts():
   tlt = run_config(tiny_tlt.get_config("small"))
   assert tlt.drafter is not None and tlt.adaptive is not None and tlt.loop.export
   assert run_config(tiny_baseline.get_config()).learner == GRPOConfig(aggregation="sequence")
+
+
+RUNS = {"tiny_baseline": ("", "small", "long"), "tiny_tlt": ("", "small", "long"),
+        "smollm2_baseline": ("", "small"), "smollm2_tlt": ("", "small"),
+        "tiny_seeds": ("", "small", "tlt_rejection"), "bench_drafter": ("", "small"),
+        "bench_replay": ("", "small", "speed", "smollm2"),
+        "hf_math": ("", "small", "tlt", "tlt,small"), "demo": ("baseline",)}
+# What resolving a config computes rather than copies: 0 total optimizer steps is every step (and
+# a drafter started from an artifact has the artifact's shape: `_typed_sections`).
+RESOLVED = {("rl", "optim", "total_steps")}
+
+
+def _typed_sections(rc):
+  """Each schema section path's typed object in `rc` (None where the run has none)."""
+  drafter, adaptive = rc.drafter, rc.adaptive
+  out = {("model",): rc.workload.precision, ("rollout",): rc.workload,
+         ("rollout", "engine"): rc.engine, ("rollout", "history"): rc.replay.history,
+         ("spec",): rc.spec, ("drafter",): drafter, ("drafter", "adaptive"): adaptive,
+         ("rl", "optim"): rc.optim, ("train",): rc.loop, ("distributed",): rc.distributed,
+         ("plan",): rc.plan}
+  out |= {("drafter", k): getattr(drafter, k, None) for k in ("model", "train", "warmup")}
+  if drafter is not None and drafter.init_from:  # the drafter's shape is its artifact's
+    out[("drafter", "model")] = None
+  out |= {("drafter", "adaptive", k): getattr(adaptive, k, None)
+          for k in ("train", "buffer", "spot", "publish")}
+  return out | {p: rc.learner for p, cls in schema.SECTIONS.items()
+                if p[0] == "rl" and type(rc.learner) is cls}
+
+
+def test_a_recipe_resolves_to_the_dataclass_defaults_except_where_it_says_otherwise():
+  """One source per default: in every shipped config and variant, each field of each typed
+  section that the config does not set holds its dataclass's default once resolved (nothing
+  between the config and the run, in base.py or the resolver, supplies another)."""
+  found, checked = [], 0
+  for name, variants in RUNS.items():
+    module = importlib.import_module(f"experiments.configs.{name}")
+    for variant in variants:
+      c = module.get_config(variant)
+      for path, obj in _typed_sections(run_config(c, other_keys=("sweep", "bench"))).items():
+        for key, default in schema.defaults(path).items() if obj is not None else ():
+          if has_path(c, (*path, key)) or (*path, key) in RESOLVED:
+            continue
+          checked += 1
+          if getattr(obj, key) != default:
+            found.append(f"{name}:{variant} config.{'.'.join(path)}.{key}={getattr(obj, key)!r}")
+  assert not found and checked > 500, (found, checked)
 
 
 def test_no_config_imports_another_than_the_shared_base():

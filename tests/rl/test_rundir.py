@@ -19,6 +19,7 @@ def _config(out_dir, **overrides):
   c = tiny_baseline.get_config("small")
   c.out_dir = str(out_dir)
   c.train.steps, c.train.eval_every = 1, 0
+  c.rollout.engine.batch_buckets = (16,)  # one bucket: half the programs to build
   for key, value in overrides.items():
     *path, last = key.split("__")
     node = c
@@ -97,6 +98,8 @@ def test_which_settings_may_change_on_resume():
 def _tlt(out_dir, steps):
   c = tiny_tlt.get_config("small")
   c.out_dir, c.train.steps, c.train.eval_every = str(out_dir), steps, 0
+  c.rollout.engine.batch_buckets = (16,)  # one bucket and one drafting arm: fewer programs
+  c.spec.arms = (("eagle", 3, 0), ("plain", 1, 0))
   return run_config(c)
 
 

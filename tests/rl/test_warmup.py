@@ -4,7 +4,6 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.configs import tiny_baseline
 from tests.rl.test_trainer import workload
 from tlt_jax.drafter.adaptive import AdaptiveConfig
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
@@ -12,10 +11,10 @@ from tlt_jax.drafter.publish import PublishConfig
 from tlt_jax.drafter.spot import SpotConfig
 from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.rl.grpo import GRPOConfig
-from tlt_jax.rl.config import engine_config
 from tlt_jax.rl.trainer import LoopConfig, Trainer
 from tlt_jax.rl.update import OptimConfig
-from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.pool import use_compilation_cache
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 
@@ -48,18 +47,22 @@ def test_no_step_compiles_after_warm_up(tmp_path):
   assert [m["compile_events"] for m in hist] == [0, 0, 0, 0]
 
 
-def test_a_run_after_another_in_the_same_process_still_caches_its_programs(tmp_path):
-  """The demo's TLT run is built after its baseline has pointed JAX's compilation cache at a
-  directory: its engine must still keep its executables in a cache (there), or a re-run demo
-  compiles the TLT run's programs again. Without JAX's cache set, the run's cache directory."""
-  engine = tiny_baseline.get_config("small").rollout.engine
+def test_the_compilation_cache_is_set_once_and_an_engine_keeps_its_programs_there(tmp_path,
+                                                                               small_model):
+  """Launchers set JAX's compilation cache once (`use_compilation_cache`): the config's directory,
+  else the one the process already has (the demo's TLT run, after its baseline), else the run's
+  cache directory. An engine whose config names none keeps its executables there, so a re-run
+  demo loads the TLT run's programs instead of compiling them."""
   before = jax.config.jax_compilation_cache_dir
   try:
     jax.config.update("jax_compilation_cache_dir", None)
-    assert engine_config(engine, str(tmp_path)).compile_cache_dir == str(tmp_path / "jax")
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "set_earlier"))
-    assert engine_config(engine, str(tmp_path)).compile_cache_dir == str(tmp_path / "set_earlier")
-    engine.compile_cache_dir = str(tmp_path / "own")
-    assert engine_config(engine, str(tmp_path)).compile_cache_dir == str(tmp_path / "own")
+    assert use_compilation_cache("", str(tmp_path / "jax")) == str(tmp_path / "jax")
+    assert use_compilation_cache("", str(tmp_path / "other")) == str(tmp_path / "jax")
+    assert use_compilation_cache(str(tmp_path / "own"), "") == str(tmp_path / "own")
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
+    engine = RolloutEngine(small_model, EngineConfig(batch_buckets=(2,), max_batch=2))
+    assert engine.programs.pool.cache_dir == tmp_path / "own" / "executables"
+    named = EngineConfig(batch_buckets=(2,), max_batch=2, compile_cache_dir=str(tmp_path / "n"))
+    assert RolloutEngine(small_model, named).programs.pool.cache_dir == tmp_path / "n" / "executables"
   finally:
     jax.config.update("jax_compilation_cache_dir", before)

@@ -18,12 +18,9 @@ experiments/configs/base.py holds what the shipped recipes change):
 from __future__ import annotations
 
 import dataclasses
-import os
 
-import jax
 import ml_collections
 
-from tlt_jax import sft
 from tlt_jax.distributed import DistributedConfig
 from tlt_jax.drafter.adaptive import AdaptiveConfig
 from tlt_jax.errors import ConfigError
@@ -69,18 +66,6 @@ class RunConfig:
   def out_dir(self) -> str:
     """The run directory."""
     return self.loop.out_dir
-
-
-def engine_config(section, cache_dir: str) -> EngineConfig:
-  """The rollout's `engine` section. Without a `compile_cache_dir`, warm-ups of later runs (and a
-  re-run demo) still load their programs instead of compiling: the engine caches them in JAX's
-  cache directory where one is set (by the environment, or by an earlier run in this process),
-  else under the run's cache directory."""
-  engine = dict(section or {})
-  if not engine.get("compile_cache_dir"):
-    engine["compile_cache_dir"] = (jax.config.jax_compilation_cache_dir or os.path.join(
-        cache_dir or sft.default_cache_dir(), "jax"))
-  return EngineConfig.from_dict(engine)
 
 
 def replay_config(rollout, spec: SpecConfig | None) -> ReplayConfig:
@@ -146,7 +131,7 @@ def run_config(c: ml_collections.ConfigDict, other_keys=()) -> RunConfig:
     raise ConfigError(f"config.train.eval_prompts must be >= 1 when eval_every > 0, got "
                       f"{eval_prompts!r}.")
   return RunConfig(name=c.name, seed=c.seed, workload=wc,
-                   engine=engine_config(c.rollout.get("engine"), c.get("cache_dir", "")),
+                   engine=EngineConfig.from_dict(c.rollout.get("engine") or {}),
                    spec=spec, drafter=recipe, adaptive=adaptive, learner=learner, optim=optim,
                    loop=loop, num_prompts=num_prompts, eval_prompts=eval_prompts,
                    distributed=DistributedConfig.from_dict(c.get("distributed")), replay=replay,

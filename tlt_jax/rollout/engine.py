@@ -33,7 +33,6 @@ from tlt_jax.rollout import compiles
 from tlt_jax.rollout.captured import CapturedHidden
 from tlt_jax.rollout.history import ReplayConfig
 from tlt_jax.rollout.noise import PROMPT_WORDS
-from tlt_jax.rollout.pool import configure_compilation_cache
 from tlt_jax.rollout.port import DrafterPort
 from tlt_jax.rollout.programs import Layout, Programs, bucket_for
 from tlt_jax.rollout.replay_choice import ReplayChoice
@@ -60,8 +59,9 @@ class EngineConfig:
   num_shards: int = 1            # data-parallel rollout shards (each `tp` devices)
   tp: int = 1                    # devices per shard: tensor parallelism within a shard
   cache_slack: int = 0           # cache slots past a row's length (raised to what arms write)
-  # Where compiled executables are kept across processes (and JAX's persistent compilation
-  # cache pointed); empty: JAX's compilation cache directory where one is set, else none.
+  # Where compiled executables are kept across processes; empty: JAX's persistent compilation
+  # cache directory where one is set (every launcher sets one: rollout/pool.use_compilation_cache),
+  # else none.
   compile_cache_dir: str = ""
   # True: generate() compiles its call's other programs in the background (a trainer's warm-up
   # builds them all instead).
@@ -144,8 +144,6 @@ class RolloutEngine:
                spec: SpecConfig | None = None, drafter: DraftModel | None = None,
                costs: CostTable | None = None, replay: ReplayConfig = ReplayConfig()):
     config = _checked(config, spec, drafter, replay)
-    if not config.compile_cache_dir and jax.config.jax_compilation_cache_dir:
-      config = dataclasses.replace(config, compile_cache_dir=jax.config.jax_compilation_cache_dir)
     self.cfg = config
     self.replay_chunk = replay_chunk = replay.chunk
     # "share": replay by the share of rows replaying even where `costs` could price it.
@@ -165,7 +163,6 @@ class RolloutEngine:
     self.devices = [m.devices.flat[0] for m in self.meshes]  # where a shard's host work goes
     self.attention = resolve_impl(config.attention, self.devices[0].platform)
     self.cache_dtype = config.cache_dtype or model.cfg.dtype
-    configure_compilation_cache(config.compile_cache_dir)
     self.drafter = drafter
     dstate = nnx.split(drafter.module)[1] if drafter is not None else None
     self.weights = WeightStore(self.meshes, nnx.split(model)[1], dstate, dtype=model.cfg.dtype)

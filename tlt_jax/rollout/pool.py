@@ -37,13 +37,18 @@ from tlt_jax.rollout import compiles
 from tlt_jax.rollout.relocate import device_ids, relocate
 
 
-def configure_compilation_cache(directory: str) -> None:
-  """Points JAX's persistent compilation cache at `directory`, caching even small programs."""
-  if not directory:
-    return
-  jax.config.update("jax_compilation_cache_dir", directory)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+def use_compilation_cache(directory: str = "", fallback: str = "") -> str:
+  """The one place tlt_jax sets JAX's persistent compilation cache, called by every launcher
+  (`experiments/launch.run`) before anything compiles: `directory` where given, else the one the
+  process already has (the environment's `JAX_COMPILATION_CACHE_DIR`, or an earlier call), else
+  `fallback`; small programs are cached too. Returns the directory in use ('' for none). An engine
+  keeps its executables under its `compile_cache_dir`, else under this one."""
+  directory = directory or jax.config.jax_compilation_cache_dir or fallback
+  if directory:
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return directory or ""
 
 
 @dataclasses.dataclass

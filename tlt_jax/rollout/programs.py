@@ -132,7 +132,8 @@ class Programs:
     self.dgraphdef = nnx.split(drafter.module)[0] if drafter is not None else None
     self.lazy_follow = (drafter is not None and cfg.drafter_follow == "lazy"
                         and drafter.follows_lazily)
-    self.pool = ExecutablePool(cache_dir=cfg.compile_cache_dir,
+    self.pool = ExecutablePool(cache_dir=cfg.compile_cache_dir
+                               or jax.config.jax_compilation_cache_dir or "",
                                fingerprint=self._fingerprint(spec_config),
                                twins=cfg.num_shards > 1)
 
