@@ -32,9 +32,12 @@ def test_files_are_written_whole_and_read_back(tmp_path):
   write_whole(path, '{"a": 1}')
   write_whole(path, b'{"a": 2}')
   assert path.read_text() == '{"a": 2}' and os.listdir(tmp_path) == ["costs.json"]
-  tensors = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+  # A transposed view is written in its own order, not its buffer's.
+  tensors = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "t": np.arange(6.0).reshape(2, 3).T}
   write_safetensors(tensors, as_path(tmp_path) / "model.safetensors", {"format": "pt"})
-  np.testing.assert_array_equal(load_file(tmp_path / "model.safetensors")["w"], tensors["w"])
+  back = load_file(tmp_path / "model.safetensors")
+  np.testing.assert_array_equal(back["w"], tensors["w"])
+  np.testing.assert_array_equal(back["t"], tensors["t"])
 
 
 def test_weights_and_biases_with_a_remote_run_directory_is_refused_before_work():

@@ -49,7 +49,9 @@ def open_appending(path: epath.Path):
 
 def write_safetensors(tensors: dict[str, np.ndarray], path: epath.Path, metadata: dict) -> None:
   """`tensors` as a safetensors file at `path`: streamed to a local file, or built in memory and
-  written whole to a remote one."""
+  written whole to a remote one. (safetensors writes an array's buffer as it lies: a transposed
+  view would be written in its base's order, so every array is made C-contiguous first.)"""
+  tensors = {name: np.ascontiguousarray(arr) for name, arr in tensors.items()}
   if is_remote(path):
     path.write_bytes(save(tensors, metadata=metadata))
   else:

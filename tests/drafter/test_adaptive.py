@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from safetensors.numpy import load_file
 
 from tests.conftest import run_on_fake_devices
 from tests.drafter.test_drafter import EAGLE, STOPS, _trained_drafter
@@ -301,6 +302,9 @@ def test_a_tlt_run_exports_a_policy_and_drafter_that_generate_can_load(tmp_path)
   for a, b in zip(jax.tree.leaves(nnx.state(drafter, nnx.Param)),
                   jax.tree.leaves(tr.adaptive.in_use)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  served = load_file(tmp_path / "export" / "drafter_eagle" / "model.safetensors")  # vLLM / SGLang
+  np.testing.assert_array_equal(served["fc.weight"], np.asarray(drafter.fc.kernel[...]).T)
+  assert "norm" in (tmp_path / "export" / "drafter_eagle" / "README.md").read_text()
   # Resuming restores the drafter, its optimizer and the published version.
   again = Trainer(w, LoopConfig(str(tmp_path), steps=3, prompts_per_step=4, group_size=4,
                                 checkpoint_every=1),

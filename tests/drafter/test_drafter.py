@@ -25,10 +25,11 @@ V_MODEL = small_config().vocab_size
 TREE = (Strategy("tree", depth=3, topk=2, nodes=5), Strategy("tree", depth=4, topk=3, nodes=12))
 
 
-@pytest.mark.parametrize("layers", [(), (0, 1, 2)])
-def test_drafter_cache_decoding_equals_its_full_forward(layers):
+@pytest.mark.parametrize("layers,architecture", [((), "tlt"), ((0, 1, 2), "tlt"), ((), "eagle")])
+def test_drafter_cache_decoding_equals_its_full_forward(layers, architecture):
   target = peaked_model()
-  d = init_drafter(target.cfg, DrafterConfig(feature_layers=layers), seed=1)
+  d = init_drafter(target.cfg, DrafterConfig(feature_layers=layers, architecture=architecture),
+                   seed=1)
   emb = jax.random.normal(jax.random.key(0), (2, 9, 32))
   h = jax.random.normal(jax.random.key(1), (2, 9, 32))
   full, _ = jit_forward(d, emb, h)
@@ -42,17 +43,17 @@ def test_drafter_cache_decoding_equals_its_full_forward(layers):
 _TRAINED = {}  # one fit per target and settings in a test process; the tests only read them
 
 
-def _trained_drafter(target, layers=(), steps=60, vocab=0):
+def _trained_drafter(target, layers=(), steps=60, vocab=0, architecture="tlt"):
   """A drafter fitted to the target's own greedy rollouts (teacher forcing, TLT's loss); `vocab`
   > 0 restricts its draft head to the rollouts' most frequent tokens. Returns (drafter, first
   step's metrics, last step's metrics)."""
-  key = (target_fingerprint(target), tuple(layers), steps, vocab)
+  key = (target_fingerprint(target), tuple(layers), steps, vocab, architecture)
   if key not in _TRAINED:
-    _TRAINED[key] = _fit_drafter(target, layers, steps, vocab)
+    _TRAINED[key] = _fit_drafter(target, layers, steps, vocab, architecture)
   return _TRAINED[key]
 
 
-def _fit_drafter(target, layers, steps, vocab):
+def _fit_drafter(target, layers, steps, vocab, architecture):
   params = SamplingParams(temperature=0.0, max_new_tokens=24)
   eng = RolloutEngine(target, EngineConfig(batch_buckets=(32,), max_batch=32, precompile=False))
   prompts = _prompts(16, seed=9)
@@ -62,7 +63,7 @@ def _fit_drafter(target, layers, steps, vocab):
   mask = np.zeros((32, 40), np.float32)
   for i, s in enumerate(seqs):
     toks[i, : len(s)], mask[i, : len(s)] = s, 1
-  cfg = DrafterConfig(feature_layers=layers, draft_vocab=vocab,
+  cfg = DrafterConfig(feature_layers=layers, draft_vocab=vocab, architecture=architecture,
                       vocab_ids=draft_vocabulary(toks, mask, vocab, V_MODEL) if vocab else ())
   trainer = DrafterTrainer(init_drafter(target.cfg, cfg, seed=2), target,
                            DrafterTrainConfig(lr=3e-3, warmup_steps=5))
@@ -77,6 +78,21 @@ def test_training_lowers_the_loss_and_raises_agreement():
   _, first, last = _trained_drafter(peaked_model())
   assert last["loss"] < 0.7 * first["loss"]
   assert last["top1_agreement"] > first["top1_agreement"] + 0.2
+
+
+def test_an_eagle1_drafter_trains_and_drafts_exactly():
+  """The 'eagle' architecture (EAGLE-1 as vLLM and SGLang serve it) learns under the same
+  trainer, and drafts through the same engine with plain greedy decoding's tokens."""
+  target = peaked_model()
+  drafter, first, last = _trained_drafter(target, steps=150, architecture="eagle")
+  assert last["top1_agreement"] > first["top1_agreement"] + 0.2 and drafter.norm is None
+  params = SamplingParams(temperature=0.0, max_new_tokens=24, stop_tokens=STOPS)
+  prompts = _prompts(5, seed=4)
+  plain, _ = _run(target, params, prompts, 2)
+  sd, eng = _run(target, params, prompts, 2,
+                 SpecConfig(threshold=16, arms=EAGLE, min_accept_len=0.0), drafter)
+  np.testing.assert_array_equal(sd.tokens, plain.tokens)
+  assert eng.spec.accept_len() > 1.1
 
 
 _PLAIN = {}  # plain decoding's reference rollouts, by everything that decides them

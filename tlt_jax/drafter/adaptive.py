@@ -37,6 +37,7 @@ from tlt_jax.drafter.buffer import BufferConfig, DataBuffer
 from tlt_jax.drafter.publish import DrafterPublisher, PublishConfig
 from tlt_jax.drafter.spot import SpotConfig, SpotTrainer
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
+from tlt_jax.drafter.export import export_drafter
 from tlt_jax.drafter.warmup import save_drafter
 from tlt_jax.hashing import content_digest
 from tlt_jax.rollout.port import DrafterPort
@@ -201,7 +202,11 @@ class AdaptiveDrafter:
     return nnx.merge(self.spot.trainer.graphdef, self.in_use)
 
   def export(self, directory: str, meta: dict | None = None) -> str:
-    """Saves the published drafter under `directory/drafter` (what `generate --drafter` loads)."""
+    """Saves the published drafter under `directory/drafter` (what `generate --drafter` loads)
+    and in the EAGLE-1 layout vLLM and SGLang serve under `directory/drafter_eagle` (its README
+    says how, and what the served drafter does otherwise)."""
     path = os.path.join(directory, "drafter")
-    save_drafter(self.drafter(), path, {"version": self.publisher.version, **(meta or {})})
+    drafter = self.drafter()
+    save_drafter(drafter, path, {"version": self.publisher.version, **(meta or {})})
+    export_drafter(drafter, os.path.join(directory, "drafter_eagle"))
     return path

@@ -1,5 +1,10 @@
 """EAGLE-style drafter: one decoder layer over `fc(concat(embed(x_{t+1}), features_t))`.
 
+Two layouts (`DrafterConfig.architecture`): "tlt", `fc` with a bias, then a whole pre-norm decoder
+layer, then an output RMSNorm before the head; "eagle", exactly the EAGLE-1 drafter that vLLM
+(`model_executor/models/llama_eagle.py`) and SGLang serve: `fc` without a bias, the layer's input
+norm skipped (attention reads `fc`'s output), no output norm (the head reads the layer's output).
+
 `features_t` is the target's final hidden state at position t (EAGLE), or, for the EAGLE-3-style
 variant, the concatenation of the target's hidden states at several layers (`feature_layers`,
 e.g. low/mid/high). The drafter's output `g_t` approximates the target's final hidden state at
@@ -25,6 +30,9 @@ from tlt_jax.models.layers import RMSNorm
 from tlt_jax.models.transformer import Block
 
 
+ARCHITECTURES = ("tlt", "eagle")
+
+
 @dataclasses.dataclass(frozen=True)
 class DrafterConfig:
   """`feature_layers` empty: EAGLE (final hidden); else EAGLE-3 fusion of those target layers.
@@ -48,6 +56,7 @@ class DrafterConfig:
   """
 
   feature_layers: tuple[int, ...] = ()
+  architecture: str = "tlt"      # "tlt" | "eagle" (EAGLE-1 as vLLM and SGLang serve it)
   smooth_l1_weight: float = 1.0  # the loss on the predicted next feature
   ce_weight: float = 0.1         # the loss on the next token (soft labels)
   draft_vocab: int = 0
@@ -59,6 +68,11 @@ class DrafterConfig:
   accept_weighting: bool = False
 
   def __post_init__(self):
+    if self.architecture not in ARCHITECTURES:
+      raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {self.architecture!r}.")
+    if self.architecture == "eagle" and self.feature_layers:
+      raise ValueError("The 'eagle' (EAGLE-1) architecture reads the target's final hidden state: "
+                       "leave feature_layers empty.")
     if self.unroll_steps < 1:
       raise ValueError(f"unroll_steps must be >= 1 (1: teacher-forced only), got "
                        f"{self.unroll_steps}.")
@@ -80,7 +94,8 @@ class DrafterConfig:
     return max(1, len(self.feature_layers))
 
   def __repr__(self):  # the vocabulary can be thousands of ids: show its size
-    return (f"DrafterConfig(feature_layers={self.feature_layers}, smooth_l1_weight="
+    return (f"DrafterConfig(feature_layers={self.feature_layers}, architecture="
+            f"{self.architecture!r}, smooth_l1_weight="
             f"{self.smooth_l1_weight}, ce_weight={self.ce_weight}, draft_vocab={self.draft_vocab}, "
             f"vocab_ids=<{len(self.vocab_ids)} ids>, unroll_steps={self.unroll_steps}, "
             f"unroll_decay={self.unroll_decay}, label_temperature={self.label_temperature}, "
@@ -107,9 +122,11 @@ class Drafter(nnx.Module):
     # draft steps can feed the drafter's own D-wide output in their place.
     self.feat_proj = (nnx.Linear(cfg.n_features() * d, d, use_bias=False, **kw)
                       if cfg.feature_layers else None)
-    self.fc = nnx.Linear(2 * d, d, use_bias=True, **kw)
-    self.layer = Block(lc, rngs=rngs)
-    self.norm = RMSNorm(d, target.norm_eps, param_dtype=jnp.dtype(target.param_dtype))
+    tlt = cfg.architecture == "tlt"
+    self.fc = nnx.Linear(2 * d, d, use_bias=tlt, **kw)
+    self.layer = Block(lc, rngs=rngs, input_norm=tlt)
+    self.norm = RMSNorm(d, target.norm_eps, param_dtype=jnp.dtype(target.param_dtype)) if tlt \
+        else None
 
   @property
   def restricted(self) -> bool:
@@ -144,7 +161,7 @@ class Drafter(nnx.Module):
 
   def __call__(self, tok_emb_BxTxD, h_BxTxD, cache: KVCache | None = None, *,
                depth_T=None, tree_mask_TxT=None) -> tuple[jax.Array, KVCache | None]:
-    """Drafter outputs `g` `[B, T, D]` (post-norm, ready for the target's head) from the next
+    """Drafter outputs `g` `[B, T, D]` (as the target's head reads them) from the next
     tokens' embeddings and the previous positions' D-wide features."""
     if cache is None:
       return self.teacher_step(tok_emb_BxTxD, h_BxTxD)[0], None
@@ -158,7 +175,7 @@ class Drafter(nnx.Module):
                            cache.prefix(0))
     k_all, v_all = kvc.write_kv(cache, 0, k, v)
     cache = cache.replace(k=(k_all,), v=(v_all,), overflow_B=cache.overflow_B | over_B)
-    return self.norm(x), cache
+    return self.output(x), cache
 
   def teacher_step(self, tok_emb_BxTxD, h_BxTxD, depth: int = 1, context=()
                    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
@@ -178,7 +195,11 @@ class Drafter(nnx.Module):
     own = jnp.broadcast_to(jnp.eye(t, dtype=bool), (b, t, t))
     segments = tuple((k, v, causal if i == 0 else own) for i, (k, v) in enumerate(context))
     x, (k, v) = self.layer(x, positions, causal if depth == 1 else own, segments)
-    return self.norm(x), to_cache_layout(k, v)
+    return self.output(x), to_cache_layout(k, v)
+
+  def output(self, x_BxTxD) -> jax.Array:
+    """The layer's output as the head reads it: normed ("tlt") or as it is ("eagle")."""
+    return x_BxTxD if self.norm is None else self.norm(x_BxTxD)
 
 
 def init_drafter(target: ModelConfig, cfg: DrafterConfig = DrafterConfig(), seed: int = 0

@@ -223,7 +223,8 @@ def load_any_drafter(directory: str, target) -> tuple[Drafter, dict]:
 
 # Drafter settings added after drafters were first shipped enter the key only when they differ from
 # their defaults, so that the keys of drafters trained without them stay the same.
-_LATER_FIELDS = {"label_temperature": 1.0, "tv_weight": 0.0, "accept_weighting": False}
+_LATER_FIELDS = {"label_temperature": 1.0, "tv_weight": 0.0, "accept_weighting": False,
+                 "architecture": "tlt"}
 _LATER_WARMUP_FIELDS = {"prompt_loss": True}
 _LATER_TRAIN_FIELDS = {"decay_steps": 0}
 

@@ -137,13 +137,7 @@ def save_pretrained(model: Transformer, tokenizer: TextTokenizer | None,
   directory = as_path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   cfg = model.cfg
-  tensors = weights.export(model, cfg)
-  if cfg.rope_layout == "interleaved":
-    for name in list(tensors):
-      if name.endswith(("q_proj.weight", "q_proj.bias")):
-        tensors[name] = weights.permute_rope_rows(tensors[name], cfg.n_heads, cfg.hd, to="half")
-      elif name.endswith(("k_proj.weight", "k_proj.bias")):
-        tensors[name] = weights.permute_rope_rows(tensors[name], cfg.n_kv_heads, cfg.hd, to="half")
+  tensors = weights.rotate_half_layout(weights.export(model, cfg), cfg)
   write_safetensors({k: np.asarray(v, np.float32) for k, v in tensors.items()},
                     directory / "model.safetensors", metadata={"format": "pt"})
   (directory / "config.json").write_text(

@@ -46,11 +46,12 @@ class ModelOutput:
 
 
 class Block(nnx.Module):
-  """Pre-norm decoder layer: attention then SwiGLU, each with a residual."""
+  """Pre-norm decoder layer: attention then SwiGLU, each with a residual. `input_norm=False`:
+  attention reads its input as it is (the layer of an EAGLE-1 drafter, whose input is `fc`'s)."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, input_norm: bool = True):
     pd = jnp.dtype(cfg.param_dtype)
-    self.input_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
+    self.input_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd) if input_norm else None
     self.attn = Attention(cfg, rngs=rngs)
     self.post_attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
     self.mlp = MLP(cfg, rngs=rngs)
@@ -60,7 +61,8 @@ class Block(nnx.Module):
     `context`: a decode call's cached prefix (`kernels.attention.Prefix`), or key/value
     segments of a full forward (`kernels.attention.attention`). Returns the output and the new
     keys and values `[B, T, K, H]`."""
-    q, k, v = self.attn.qkv(self.input_norm(x_BxTxD), positions_BxT)
+    normed = x_BxTxD if self.input_norm is None else self.input_norm(x_BxTxD)
+    q, k, v = self.attn.qkv(normed, positions_BxT)
     x_BxTxD = x_BxTxD + self.attn.out(attention(q, k, v, mask_BxTxT, context))
     return x_BxTxD + self.mlp(self.post_attn_norm(x_BxTxD)), (k, v)
 

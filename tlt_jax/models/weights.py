@@ -124,13 +124,32 @@ def assign(model, tensors: dict[str, np.ndarray], cfg: ModelConfig, source: str,
         arrs[0] if len(arrs) == 1 else np.concatenate(arrs, axis=-2), dtype)
 
 
-def export(model, cfg: ModelConfig) -> dict[str, np.ndarray]:
-  """The model's parameters as HF-named `[out, in]` float arrays (fused ones split back)."""
+def export(model, cfg: ModelConfig, keep=lambda name: True) -> dict[str, np.ndarray]:
+  """The model's parameters as HF-named `[out, in]` float arrays (fused ones split back); `keep`:
+  only the tensors whose HF name it accepts."""
   out = {}
   for hf_name, path, transpose, part in hf_param_table(cfg):
+    if not keep(hf_name):
+      continue
     arr = np.asarray(get_variable(model, path).value)
     if part is not None:
       arr = arr[..., part[0]:part[1], :]
       arr = arr.reshape(_flat(arr.shape, transpose))
     out[hf_name] = np.ascontiguousarray(arr.T if transpose else arr)
+  return out
+
+
+def rotate_half_layout(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
+  """HF-named tensors of a model of `cfg` in Hugging Face's rotate-half RoPE layout: where `cfg`
+  is interleaved (a GGUF's), the q/k projections' rows permuted so that the function is the
+  same; the other tensors as they are."""
+  if cfg.rope_layout != "interleaved":
+    return dict(tensors)
+  out = {}
+  for name, arr in tensors.items():
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+      arr = permute_rope_rows(arr, cfg.n_heads, cfg.hd, to="half")
+    elif name.endswith(("k_proj.weight", "k_proj.bias")):
+      arr = permute_rope_rows(arr, cfg.n_kv_heads, cfg.hd, to="half")
+    out[name] = arr
   return out

@@ -118,7 +118,9 @@ class Export(Hook):
     if history and self.final:
       directory = self._export(trainer, trainer.out_dir / "export")
       if distributed.is_writer():
-        print(f"[trainer] exported the final policy (and drafter) to {directory}")
+        served = " and drafter (drafter_eagle/README.md: serving it in vLLM or SGLang)" if (
+            trainer.adaptive is not None) else ""
+        print(f"[trainer] exported the final policy{served} to {directory}")
 
   @staticmethod
   def _export(trainer, directory: epath.Path) -> epath.Path:

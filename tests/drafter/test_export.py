@@ -1,0 +1,132 @@
+"""A drafter exported in the EAGLE-1 layout is checked against the serving side, not against
+ourselves: a PyTorch forward written from vLLM's EAGLE-1 model
+(`vllm/model_executor/models/llama_eagle.py`: `fc` over [token embedding, target hidden] without a
+bias, decoder layer 0 without its input norm, no output norm, the target's head on the layer's
+output; Hugging Face's rotate-half RoPE) reads only the exported folder and the target's embedding
+and head, and gives the logits our "eagle" drafter gives."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+from safetensors.numpy import load_file
+
+from tests.conftest import small_config
+from tests.test_launchers import run_module
+from tlt_jax.drafter.export import export_drafter
+from tlt_jax.drafter.model import DrafterConfig, init_drafter
+from tlt_jax.drafter.warmup import save_drafter
+from tlt_jax.models import init_model
+from tlt_jax.models.pretrained import save_pretrained
+from tlt_jax.models.tokenizer import CharTokenizer
+
+
+def _rms(x, w, eps):
+  return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _rope(x_TxHxE, theta):
+  """Hugging Face's rotate-half rotary embedding at positions 0..T-1."""
+  t, _, e = x_TxHxE.shape
+  inv = 1.0 / theta ** (torch.arange(0, e, 2, dtype=torch.float64) / e)
+  ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None]
+  cos = torch.cat([ang.cos(), ang.cos()], -1).float()[:, None]
+  sin = torch.cat([ang.sin(), ang.sin()], -1).float()[:, None]
+  rotated = torch.cat([-x_TxHxE[..., e // 2:], x_TxHxE[..., : e // 2]], -1)
+  return x_TxHxE * cos + rotated * sin
+
+
+def eagle1_logits(folder, embed_VxD, head_VxD, tokens_T, hidden_TxD):
+  """vLLM's EAGLE-1 drafter over one sequence (position t reads the token after t and the
+  target's hidden state at t), as logits of the target's head."""
+  c = json.loads((folder / "config.json").read_text())
+  w = {k: torch.from_numpy(v) for k, v in load_file(folder / "model.safetensors").items()}
+  p = "layers.0."
+  lin = lambda x, name: x @ w[f"{p}{name}.weight"].T + (w[f"{p}{name}.bias"]
+                                                        if f"{p}{name}.bias" in w else 0)
+  x = torch.cat([embed_VxD[tokens_T], hidden_TxD], -1) @ w["fc.weight"].T  # vLLM: no fc bias
+  t, h, kv = len(tokens_T), c["num_attention_heads"], c["num_key_value_heads"]
+  e = c["head_dim"]
+  q = _rope(lin(x, "self_attn.q_proj").view(t, h, e), c["rope_theta"])  # input norm: identity
+  k = _rope(lin(x, "self_attn.k_proj").view(t, kv, e), c["rope_theta"])
+  v = lin(x, "self_attn.v_proj").view(t, kv, e)
+  k, v = k.repeat_interleave(h // kv, 1), v.repeat_interleave(h // kv, 1)
+  scores = torch.einsum("qhe,khe->hqk", q, k) / e ** 0.5
+  scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+  attn = torch.einsum("hqk,khe->qhe", scores.softmax(-1), v).reshape(t, h * e)
+  x = x + lin(attn, "self_attn.o_proj")
+  m = _rms(x, w[f"{p}post_attention_layernorm.weight"], c["rms_norm_eps"])
+  x = x + lin(torch.nn.functional.silu(lin(m, "mlp.gate_proj")) * lin(m, "mlp.up_proj"),
+              "mlp.down_proj")
+  return x @ head_VxD.T  # no output norm
+
+
+def _perturbed(module, seed):
+  """`module` with every parameter moved off its initial value (norm scales included)."""
+  state = nnx.state(module, nnx.Param)
+  leaves, tree = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  nnx.update(module, jax.tree.unflatten(tree, [
+      x + 0.2 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]))
+  return module
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_an_exported_eagle_drafter_gives_vllm_s_eagle1_logits(tmp_path, family):
+  """Interleaved RoPE (a GGUF's) and grouped-query heads; Qwen2 adds q/k/v biases."""
+  target = init_model(small_config(rope_layout="interleaved", family=family), seed=0)
+  drafter = _perturbed(init_drafter(target.cfg, DrafterConfig(architecture="eagle"), seed=1), 2)
+  assert export_drafter(drafter, tmp_path) == []  # nothing differs
+  tokens = jax.random.randint(jax.random.key(3), (12,), 0, target.cfg.vocab_size)
+  hidden = jax.random.normal(jax.random.key(4), (12, target.cfg.d_model))
+  g, _ = drafter(target.embed_tokens(tokens[None]), hidden[None])
+  ours = np.asarray(drafter.logits(target, g))[0]
+  table = torch.from_numpy(np.array(target.embed.embedding[...]))
+  head = table if target.cfg.tie_embeddings else torch.from_numpy(
+      np.asarray(target.lm_head.kernel[...]).T.copy())
+  theirs = eagle1_logits(tmp_path, table, head, torch.from_numpy(np.asarray(tokens)),
+                         torch.from_numpy(np.asarray(hidden)))
+  np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-4, rtol=0)
+  assert np.abs(ours).max() > 0.1  # the logits are not all near zero
+  tensors = load_file(tmp_path / "model.safetensors")
+  assert "layers.0.input_layernorm.weight" not in tensors and not tensors["fc.bias"].any()
+  config = json.loads((tmp_path / "config.json").read_text())
+  assert config["num_hidden_layers"] == 1 and config["hidden_size"] == target.cfg.d_model
+  assert "vllm serve" in (tmp_path / "README.md").read_text()
+
+
+def test_an_eagle_drafter_is_that_layout_and_a_new_field_keeps_the_old_keys():
+  target = init_model(small_config(), seed=0)
+  eagle = init_drafter(target.cfg, DrafterConfig(architecture="eagle"))
+  tlt = init_drafter(target.cfg, DrafterConfig())
+  assert eagle.fc.bias is None and eagle.layer.input_norm is None and eagle.norm is None
+  assert tlt.fc.bias is not None and tlt.layer.input_norm is not None and tlt.norm is not None
+  with pytest.raises(ValueError, match="architecture must be one of"):
+    DrafterConfig(architecture="medusa")
+  with pytest.raises(ValueError, match="leave feature_layers empty"):
+    DrafterConfig(architecture="eagle", feature_layers=(0, 1))
+
+
+def test_what_the_served_drafter_does_otherwise_is_said_one_line_each(tmp_path):
+  """A 'tlt' drafter with a restricted vocabulary, exported from the command line: one note for
+  its norms and fc bias, one for its vocabulary, in the README too."""
+  target = init_model(small_config(), seed=0)
+  save_pretrained(target, CharTokenizer(target.cfg.vocab_size), tmp_path / "policy")
+  drafter = init_drafter(target.cfg, DrafterConfig(draft_vocab=8, vocab_ids=tuple(range(8))))
+  save_drafter(drafter, str(tmp_path / "drafter"), {})
+  out = run_module("experiments.export_drafter", f"--drafter={tmp_path / 'drafter'}",
+                   f"--model={tmp_path / 'policy'}", f"--out={tmp_path / 'served'}", timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  notes = [line for line in out.stdout.splitlines() if line.startswith("[export] note:")]
+  assert len(notes) == 2 and "norm" in notes[0] and "8-token draft vocabulary" in notes[1]
+  readme = (tmp_path / "served" / "README.md").read_text()
+  assert "8-token draft vocabulary" in readme and "--speculative-draft-model-path" in readme
+  tensors = load_file(tmp_path / "served" / "model.safetensors")
+  np.testing.assert_array_equal(tensors["fc.bias"], np.asarray(drafter.fc.bias[...]))
+  other = run_module("experiments.export_drafter", "--drafter=nowhere",
+                     f"--model={tmp_path / 'policy'}", f"--out={tmp_path / 'x'}", timeout=300)
+  assert other.returncode != 0 and len(other.stderr.strip().splitlines()) == 1
+  assert "No drafter 'nowhere'" in other.stderr
