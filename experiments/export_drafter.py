@@ -7,13 +7,13 @@ a run's exported `drafter/`); `--model`: the policy it drafts for (a preset, an 
 .gguf file), against which the drafter is checked. The folder gets `config.json`,
 `model.safetensors` and a README with the `vllm serve` and SGLang commands; what the served
 drafter computes otherwise than ours (a "tlt" drafter's norms, a restricted draft vocabulary) is
-printed, one line each (tlt_jax/drafter/export.py).
+printed, one line each (tlt_jax/drafter/serving.py).
 """
 
 from absl import app, flags
 
 from experiments import launch
-from tlt_jax.drafter.export import FORMATS, export_drafter
+from tlt_jax.drafter.serving import FORMATS, export_drafter
 from tlt_jax.drafter.warmup import load_any_drafter, resolve_drafter
 from tlt_jax.errors import ConfigError
 from tlt_jax.models.pretrained import load_pretrained

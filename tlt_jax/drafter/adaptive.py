@@ -37,7 +37,7 @@ from tlt_jax.drafter.buffer import BufferConfig, DataBuffer
 from tlt_jax.drafter.publish import DrafterPublisher, PublishConfig
 from tlt_jax.drafter.spot import SpotConfig, SpotTrainer
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
-from tlt_jax.drafter.export import export_drafter
+from tlt_jax.drafter.serving import export_drafter
 from tlt_jax.drafter.warmup import save_drafter
 from tlt_jax.hashing import content_digest
 from tlt_jax.rollout.port import DrafterPort

@@ -26,6 +26,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from tlt_jax.checkpoint import Checkpointer
+from tlt_jax.drafter import serving
 from tlt_jax.drafter.model import Drafter, DrafterConfig, init_drafter
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
 from tlt_jax.drafter.warmup_data import WarmupData
@@ -206,16 +207,23 @@ def drafter_artifact_config(directory: str) -> DrafterConfig:
   """The architecture of the drafter saved in `directory` (shipped or cached), read from its
   weights file's metadata without loading the weights."""
   path = os.path.join(directory, WEIGHTS)
+  if not os.path.exists(path) and serving.is_eagle_folder(directory):
+    return DrafterConfig(architecture="eagle")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{directory} holds no drafter ({WEIGHTS} is missing); give a "
-                            "drafter artifact directory or a shipped drafter's name.")
+                            "drafter artifact directory, an EAGLE-1 folder or a shipped drafter's "
+                            "name.")
   with safe_open(path, framework="numpy") as f:
     configs = json.loads((f.metadata() or {}).get("configs", "{}"))
   return _config_from(configs)
 
 
 def load_any_drafter(directory: str, target) -> tuple[Drafter, dict]:
-  """A drafter artifact: a shipped one (`recipe.json` beside its weights) or a cached warm-up."""
+  """A drafter artifact: a shipped one (`recipe.json` beside its weights), a cached warm-up, or a
+  folder in the EAGLE-1 serving layout (ours exported, or a released checkpoint: `serving.py`;
+  what its import leaves out in `meta["notes"]`)."""
+  if serving.is_eagle_folder(directory) and not os.path.exists(os.path.join(directory, WEIGHTS)):
+    return serving.import_eagle(directory, target), {"notes": serving.import_notes(directory)}
   if os.path.exists(os.path.join(directory, RECIPE)):
     return load_shipped_drafter(directory, target)
   return load_drafter(directory, target)

@@ -137,7 +137,9 @@ def save_pretrained(model: Transformer, tokenizer: TextTokenizer | None,
   directory = as_path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   cfg = model.cfg
-  tensors = weights.rotate_half_layout(weights.export(model, cfg), cfg)
+  tensors = weights.export(model, cfg)
+  if cfg.rope_layout == "interleaved":
+    tensors = weights.permute_qk_rows(tensors, cfg, to="half")
   write_safetensors({k: np.asarray(v, np.float32) for k, v in tensors.items()},
                     directory / "model.safetensors", metadata={"format": "pt"})
   (directory / "config.json").write_text(

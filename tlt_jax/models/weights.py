@@ -100,12 +100,14 @@ def permute_rope_rows(w_OxI: np.ndarray, n_heads: int, head_dim: int, to: str) -
 
 
 def assign(model, tensors: dict[str, np.ndarray], cfg: ModelConfig, source: str,
-           name_fn=lambda n: n) -> None:
+           name_fn=lambda n: n, keep=lambda name: True) -> None:
   """Copies `tensors` (HF layout `[out, in]`) into `model`, checking every name and shape; the
-  parts of a fused parameter are concatenated into it."""
+  parts of a fused parameter are concatenated into it. `keep`: only the HF names it accepts."""
   dtype = jnp.dtype(cfg.param_dtype)
   blocks: dict[tuple, list[np.ndarray]] = {}
   for hf_name, path, transpose, part in hf_param_table(cfg):
+    if not keep(hf_name):
+      continue
     name = name_fn(hf_name)
     if name not in tensors:
       raise KeyError(f"{source} has no tensor {name!r} that a {cfg.n_layers}-layer model needs; "
@@ -139,17 +141,16 @@ def export(model, cfg: ModelConfig, keep=lambda name: True) -> dict[str, np.ndar
   return out
 
 
-def rotate_half_layout(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
-  """HF-named tensors of a model of `cfg` in Hugging Face's rotate-half RoPE layout: where `cfg`
-  is interleaved (a GGUF's), the q/k projections' rows permuted so that the function is the
-  same; the other tensors as they are."""
-  if cfg.rope_layout != "interleaved":
-    return dict(tensors)
+def permute_qk_rows(tensors: dict[str, np.ndarray], cfg: ModelConfig, to: str
+                    ) -> dict[str, np.ndarray]:
+  """HF-named tensors of a model of `cfg` with their q/k projections' rows reordered into the
+  RoPE layout `to` ("half": Hugging Face's rotate-half, from a GGUF's interleaved pairs;
+  "interleaved": back), so that the function is the same; the other tensors as they are."""
   out = {}
   for name, arr in tensors.items():
     if name.endswith(("q_proj.weight", "q_proj.bias")):
-      arr = permute_rope_rows(arr, cfg.n_heads, cfg.hd, to="half")
+      arr = permute_rope_rows(arr, cfg.n_heads, cfg.hd, to=to)
     elif name.endswith(("k_proj.weight", "k_proj.bias")):
-      arr = permute_rope_rows(arr, cfg.n_kv_heads, cfg.hd, to="half")
+      arr = permute_rope_rows(arr, cfg.n_kv_heads, cfg.hd, to=to)
     out[name] = arr
   return out

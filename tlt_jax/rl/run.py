@@ -72,6 +72,8 @@ def _stages(rc: RunConfig, progress: bool) -> Stages:
     if progress:
       print(f"[run] warm-up drafter {provenance(meta)}: {meta.get('cache', '')} "
             f"({time.perf_counter() - t0:.1f} s)", flush=True)
+      for note in meta.get("notes", ()):  # what importing an EAGLE-1 folder left out
+        print(f"[run] drafter note: {note}.", flush=True)
   return Stages((model, tok), drafter)
 
 

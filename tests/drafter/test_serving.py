@@ -12,16 +12,21 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from tests.conftest import small_config
+from tests.spec.test_spec_engine import _prompts, peaked_model
 from tests.test_launchers import run_module
-from tlt_jax.drafter.export import export_drafter
+from tlt_jax.drafter.serving import export_drafter
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
-from tlt_jax.drafter.warmup import save_drafter
+from tlt_jax.drafter.proposer import as_proposer
+from tlt_jax.drafter.warmup import drafter_artifact_config, load_any_drafter, save_drafter
 from tlt_jax.models import init_model
 from tlt_jax.models.pretrained import save_pretrained
+from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.tokenizer import CharTokenizer
+from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 
 def _rms(x, w, eps):
@@ -130,3 +135,66 @@ def test_what_the_served_drafter_does_otherwise_is_said_one_line_each(tmp_path):
                      f"--model={tmp_path / 'policy'}", f"--out={tmp_path / 'x'}", timeout=300)
   assert other.returncode != 0 and len(other.stderr.strip().splitlines()) == 1
   assert "No drafter 'nowhere'" in other.stderr
+
+
+def test_an_exported_folder_imports_as_the_same_drafter_and_drafts_exactly(tmp_path):
+  """Export then `drafter.init_from=DIR`'s loader: the same logits bit for bit (a GGUF's
+  interleaved RoPE permuted there and back), and greedy speculative decoding through the engine
+  gives plain decoding's tokens."""
+  target = peaked_model()
+  target = init_model(target.cfg.replace(rope_layout="interleaved"), seed=0)
+  drafter = _perturbed(init_drafter(target.cfg, DrafterConfig(architecture="eagle"), seed=1), 2)
+  export_drafter(drafter, tmp_path / "served")
+  back, meta = load_any_drafter(str(tmp_path / "served"), target)
+  assert meta == {"notes": []} and back.cfg.architecture == "eagle"
+  for a, b in zip(jax.tree.leaves(nnx.state(back, nnx.Param)),
+                  jax.tree.leaves(nnx.state(drafter, nnx.Param))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert drafter_artifact_config(str(tmp_path / "served")).architecture == "eagle"
+  params = SamplingParams(temperature=0.0, max_new_tokens=12)
+  engine = lambda **kw: RolloutEngine(target, EngineConfig(batch_buckets=(4,), max_batch=4), **kw)
+  prompts = _prompts(2, seed=4)
+  plain = engine().generate(prompts, 2, params, jax.random.key(0))
+  sd = engine(spec=SpecConfig(threshold=16, arms=(Strategy("eagle", depth=2),),
+                              min_accept_len=0.0),
+              drafter=as_proposer(back)).generate(prompts, 2, params, jax.random.key(0))
+  np.testing.assert_array_equal(sd.tokens, plain.tokens)
+
+
+def test_a_released_style_folder_imports_as_vllm_reads_it_and_a_bad_one_is_one_line(tmp_path):
+  """A folder as the original EAGLE-1 releases are (fc with a bias, a layer-0 input norm) imports
+  as vLLM reads it, both left out (one note each), and gives the vLLM-derived forward's logits;
+  folders that do not fit say what, in one line."""
+  target = init_model(small_config(), seed=0)
+  drafter = _perturbed(init_drafter(target.cfg, DrafterConfig(architecture="eagle"), seed=1), 2)
+  folder = tmp_path / "released"
+  export_drafter(drafter, folder)
+  tensors = load_file(folder / "model.safetensors")
+  d = target.cfg.d_model
+  tensors["fc.bias"] = np.full(d, 0.5, np.float32)
+  tensors["layers.0.input_layernorm.weight"] = np.full(d, 3.0, np.float32)
+  save_file(tensors, folder / "model.safetensors")
+  back, meta = load_any_drafter(str(folder), target)
+  assert len(meta["notes"]) == 2 and "fc.bias" in meta["notes"][0]
+  tokens = jax.random.randint(jax.random.key(3), (10,), 0, target.cfg.vocab_size)
+  hidden = jax.random.normal(jax.random.key(4), (10, d))
+  g, _ = back(target.embed_tokens(tokens[None]), hidden[None])
+  table = torch.from_numpy(np.array(target.embed.embedding[...]))
+  theirs = eagle1_logits(folder, table, table, torch.from_numpy(np.asarray(tokens)),
+                         torch.from_numpy(np.asarray(hidden)))
+  np.testing.assert_allclose(theirs.numpy(), np.asarray(back.logits(target, g))[0], atol=1e-4)
+  config = json.loads((folder / "config.json").read_text())
+  for name, change, message in [
+      ("wide", {"hidden_size": 64}, "its hidden_size is 64, the policy's is 32"),
+      ("deep", {"num_hidden_layers": 2}, "has 2 layers"),
+      ("eagle3", None, "holds an EAGLE-3 drafter")]:
+    bad = tmp_path / name
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({**config, **(change or {})}))
+    save_file({**tensors, **({} if change else {"d2t": np.zeros(4, np.int64)})},
+              bad / "model.safetensors")
+    with pytest.raises(ValueError, match=message):
+      load_any_drafter(str(bad), target)
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(FileNotFoundError, match="an EAGLE-1 folder"):
+    drafter_artifact_config(str(tmp_path / "empty"))

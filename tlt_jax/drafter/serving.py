@@ -1,4 +1,5 @@
-"""A drafter exported in the EAGLE-1 layout that vLLM and SGLang serve beside its policy.
+"""The EAGLE-1 layout that vLLM and SGLang serve: a drafter exported into it, and a folder in it
+(ours, or a released EAGLE-1 checkpoint in safetensors) imported as an "eagle" drafter.
 
 The folder holds `config.json` (a one-layer model of the target's family and sizes, in the
 Hugging Face rotate-half RoPE layout), `model.safetensors` (`fc.weight`, `fc.bias`, `layers.0.*`
@@ -11,6 +12,10 @@ An "eagle" drafter (`DrafterConfig.architecture`) is that model exactly. A "tlt"
 EAGLE-1 has no input norm in its layer and no output norm, and vLLM drops `fc`'s bias; its export
 says so in one line (`differences`), as it does for a restricted draft vocabulary, which EAGLE-1
 cannot hold (the served drafter drafts over the policy's whole head).
+
+An imported folder is read as vLLM reads it: `fc.bias` and a layer-0 `input_layernorm`, which
+vLLM's EAGLE-1 skips, are left out, each said in one line (`import_notes`); a folder whose sizes
+differ from the policy's, or in another layout (EAGLE-3), is one line naming what does not fit.
 """
 
 from __future__ import annotations
@@ -20,13 +25,78 @@ import types
 
 import numpy as np
 
-from tlt_jax.drafter.model import Drafter, layer_config
+import jax.numpy as jnp
+from flax import nnx
+from safetensors.numpy import load_file
+
+from tlt_jax.drafter.model import Drafter, DrafterConfig, init_drafter, layer_config
 from tlt_jax.models import weights
 from tlt_jax.models.pretrained import config_to_hf
 from tlt_jax.paths import as_path, write_safetensors
 
 FORMATS = ("eagle",)
 _LAYER = "model.layers.0."
+CONFIG, WEIGHTS = "config.json", "model.safetensors"
+# Hugging Face config keys an EAGLE-1 folder must share with the policy, by our config's field.
+_SIZES = {"hidden_size": "d_model", "num_attention_heads": "n_heads",
+          "num_key_value_heads": "n_kv_heads", "intermediate_size": "d_ff"}
+
+
+def is_eagle_folder(directory: str) -> bool:
+  """Whether `directory` holds a drafter in a serving layout (config.json beside safetensors)."""
+  d = as_path(directory)
+  return (d / CONFIG).exists() and (d / WEIGHTS).exists()
+
+
+def _read_folder(directory: str) -> tuple[dict, dict[str, np.ndarray]]:
+  d = as_path(directory)
+  if not (d / CONFIG).exists():
+    raise ValueError(f"{directory} has no {CONFIG}: not an EAGLE drafter folder.")
+  if not (d / WEIGHTS).exists():
+    raise ValueError(f"{directory} has no {WEIGHTS} (a .bin checkpoint: save it as safetensors "
+                     "first).")
+  return json.loads((d / CONFIG).read_text()), load_file(d / WEIGHTS)
+
+
+def import_notes(directory: str) -> list[str]:
+  """What importing `directory` leaves out, as vLLM does, one sentence each."""
+  _, tensors = _read_folder(directory)
+  out = []
+  if "fc.bias" in tensors and np.any(tensors["fc.bias"]):
+    out.append("its fc.bias is left out, as vLLM's EAGLE-1 does (SGLang would apply it)")
+  if "layers.0.input_layernorm.weight" in tensors:
+    out.append("its layer-0 input_layernorm is left out, as vLLM's and SGLang's EAGLE-1 do")
+  return out
+
+
+def import_eagle(directory: str, target) -> Drafter:
+  """The EAGLE-1 folder in `directory` as an "eagle" drafter of `target` (a `Transformer`)."""
+  config, tensors = _read_folder(directory)
+  if any(k.startswith(("midlayer.", "d2t", "t2d")) for k in tensors):
+    raise ValueError(f"{directory} holds an EAGLE-3 drafter; only EAGLE-1 folders are imported.")
+  if "fc.weight" not in tensors or not any(k.startswith("layers.0.") for k in tensors):
+    raise ValueError(f"{directory} holds no EAGLE-1 drafter (fc.weight and layers.0.* expected).")
+  cfg = layer_config(target.cfg)
+  for key, ours in _SIZES.items():
+    if config.get(key, getattr(cfg, ours)) != getattr(cfg, ours):
+      raise ValueError(f"{directory} is a drafter for another model: its {key} is {config[key]}, "
+                       f"the policy's is {getattr(cfg, ours)}.")
+  if int(config.get("num_hidden_layers", 1)) != 1:
+    raise ValueError(f"{directory} has {config['num_hidden_layers']} layers; an EAGLE-1 drafter "
+                     "has one.")
+  drafter = nnx.eval_shape(lambda: init_drafter(target.cfg, DrafterConfig(architecture="eagle")))
+  layer = {"model." + k: v for k, v in tensors.items() if k.startswith("layers.0.")}
+  if cfg.rope_layout == "interleaved":
+    layer = weights.permute_qk_rows(layer, cfg, to="interleaved")
+  skip = "input_layernorm.weight"
+  weights.assign(types.SimpleNamespace(layers=[drafter.layer]), layer, cfg, directory,
+                 keep=lambda n: n.startswith(_LAYER) and not n.endswith(skip))
+  fc = tensors["fc.weight"]
+  if fc.shape != (cfg.d_model, 2 * cfg.d_model):
+    raise ValueError(f"{directory}: fc.weight has shape {fc.shape}, the policy needs "
+                     f"{(cfg.d_model, 2 * cfg.d_model)}.")
+  drafter.fc.kernel.value = jnp.asarray(fc.T, jnp.dtype(target.cfg.param_dtype))
+  return drafter
 
 
 def differences(drafter: Drafter) -> list[str]:
@@ -54,7 +124,7 @@ def eagle_tensors(drafter: Drafter) -> dict[str, np.ndarray]:
   layer = weights.export(types.SimpleNamespace(layers=[drafter.layer]), cfg,
                          keep=lambda n: n.startswith(_LAYER) and not (skip and n.endswith(skip)))
   out |= {name[len("model."):]: np.asarray(arr, np.float32) for name, arr in layer.items()}
-  return weights.rotate_half_layout(out, cfg)
+  return weights.permute_qk_rows(out, cfg, to="half") if cfg.rope_layout == "interleaved" else out
 
 
 def export_drafter(drafter: Drafter, directory: str, fmt: str = "eagle") -> list[str]:
