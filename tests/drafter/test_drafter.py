@@ -80,21 +80,6 @@ def test_training_lowers_the_loss_and_raises_agreement():
   assert last["top1_agreement"] > first["top1_agreement"] + 0.2
 
 
-def test_an_eagle1_drafter_trains_and_drafts_exactly():
-  """The 'eagle' architecture (EAGLE-1 as vLLM and SGLang serve it) learns under the same
-  trainer, and drafts through the same engine with plain greedy decoding's tokens."""
-  target = peaked_model()
-  drafter, first, last = _trained_drafter(target, steps=150, architecture="eagle")
-  assert last["top1_agreement"] > first["top1_agreement"] + 0.2 and drafter.norm is None
-  params = SamplingParams(temperature=0.0, max_new_tokens=24, stop_tokens=STOPS)
-  prompts = _prompts(5, seed=4)
-  plain, _ = _run(target, params, prompts, 2)
-  sd, eng = _run(target, params, prompts, 2,
-                 SpecConfig(threshold=16, arms=EAGLE, min_accept_len=0.0), drafter)
-  np.testing.assert_array_equal(sd.tokens, plain.tokens)
-  assert eng.spec.accept_len() > 1.1
-
-
 _PLAIN = {}  # plain decoding's reference rollouts, by everything that decides them
 
 
@@ -116,12 +101,16 @@ def _run(model, params, prompts, g, spec=None, drafter=None, key=0, follow="lazy
   return out
 
 
-@pytest.mark.parametrize("trained,layers,arms", [
-    (False, (), EAGLE), (True, (), EAGLE), (True, (0, 1, 2), EAGLE),
-    (False, (), TREE), (True, (), TREE), (True, (0, 1, 2), TREE)])
-def test_eagle_greedy_equals_plain_greedy(trained, layers, arms):
+@pytest.mark.parametrize("trained,layers,arms,architecture", [
+    (False, (), EAGLE, "tlt"), (True, (), EAGLE, "tlt"), (True, (0, 1, 2), EAGLE, "tlt"),
+    (False, (), TREE, "tlt"), (True, (), TREE, "tlt"), (True, (0, 1, 2), TREE, "tlt"),
+    (True, (), EAGLE, "eagle")])
+def test_eagle_greedy_equals_plain_greedy(trained, layers, arms, architecture):
+  """Untrained and trained drafters, EAGLE-3 fused features, chains and trees, and the EAGLE-1
+  layout vLLM serves (`architecture="eagle"`, which learns more slowly here: 150 steps)."""
   target = peaked_model()
-  drafter = (_trained_drafter(target, layers)[0] if trained
+  drafter = (_trained_drafter(target, layers, 150 if architecture == "eagle" else 60,
+                              architecture=architecture)[0] if trained
              else init_drafter(target.cfg, DrafterConfig(feature_layers=layers), seed=3))
   params = SamplingParams(temperature=0.0, max_new_tokens=24, stop_tokens=STOPS)
   prompts = _prompts(5, seed=4)
