@@ -14,7 +14,7 @@ says so in one line (`differences`), as it does for a restricted draft vocabular
 cannot hold (the served drafter drafts over the policy's whole head).
 
 An imported folder is read as vLLM reads it: `fc.bias` and a layer-0 `input_layernorm`, which
-vLLM's EAGLE-1 skips, are left out, each said in one line (`import_notes`); a folder whose sizes
+vLLM's EAGLE-1 skips, are left out, each said in one line; a folder whose sizes
 differ from the policy's, or in another layout (EAGLE-3), is one line naming what does not fit.
 """
 
@@ -23,9 +23,8 @@ from __future__ import annotations
 import json
 import types
 
-import numpy as np
-
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from safetensors.numpy import load_file
 
@@ -58,9 +57,8 @@ def _read_folder(directory: str) -> tuple[dict, dict[str, np.ndarray]]:
   return json.loads((d / CONFIG).read_text()), load_file(d / WEIGHTS)
 
 
-def import_notes(directory: str) -> list[str]:
-  """What importing `directory` leaves out, as vLLM does, one sentence each."""
-  _, tensors = _read_folder(directory)
+def _import_notes(tensors: dict[str, np.ndarray]) -> list[str]:
+  """What importing a folder of `tensors` leaves out, as vLLM does, one sentence each."""
   out = []
   if "fc.bias" in tensors and np.any(tensors["fc.bias"]):
     out.append("its fc.bias is left out, as vLLM's EAGLE-1 does (SGLang would apply it)")
@@ -69,8 +67,9 @@ def import_notes(directory: str) -> list[str]:
   return out
 
 
-def import_eagle(directory: str, target) -> Drafter:
-  """The EAGLE-1 folder in `directory` as an "eagle" drafter of `target` (a `Transformer`)."""
+def import_eagle(directory: str, target) -> tuple[Drafter, list[str]]:
+  """The EAGLE-1 folder in `directory` as an "eagle" drafter of `target` (a `Transformer`), and
+  what the import left out (one sentence each)."""
   config, tensors = _read_folder(directory)
   if any(k.startswith(("midlayer.", "d2t", "t2d")) for k in tensors):
     raise ValueError(f"{directory} holds an EAGLE-3 drafter; only EAGLE-1 folders are imported.")
@@ -84,6 +83,10 @@ def import_eagle(directory: str, target) -> Drafter:
   if int(config.get("num_hidden_layers", 1)) != 1:
     raise ValueError(f"{directory} has {config['num_hidden_layers']} layers; an EAGLE-1 drafter "
                      "has one.")
+  fc = tensors["fc.weight"]
+  if fc.shape != (cfg.d_model, 2 * cfg.d_model):
+    raise ValueError(f"{directory}: fc.weight has shape {fc.shape}, the policy needs "
+                     f"{(cfg.d_model, 2 * cfg.d_model)}.")
   drafter = nnx.eval_shape(lambda: init_drafter(target.cfg, DrafterConfig(architecture="eagle")))
   layer = {"model." + k: v for k, v in tensors.items() if k.startswith("layers.0.")}
   if cfg.rope_layout == "interleaved":
@@ -91,12 +94,8 @@ def import_eagle(directory: str, target) -> Drafter:
   skip = "input_layernorm.weight"
   weights.assign(types.SimpleNamespace(layers=[drafter.layer]), layer, cfg, directory,
                  keep=lambda n: n.startswith(_LAYER) and not n.endswith(skip))
-  fc = tensors["fc.weight"]
-  if fc.shape != (cfg.d_model, 2 * cfg.d_model):
-    raise ValueError(f"{directory}: fc.weight has shape {fc.shape}, the policy needs "
-                     f"{(cfg.d_model, 2 * cfg.d_model)}.")
   drafter.fc.kernel.value = jnp.asarray(fc.T, jnp.dtype(target.cfg.param_dtype))
-  return drafter
+  return drafter, _import_notes(tensors)
 
 
 def differences(drafter: Drafter) -> list[str]:
@@ -134,12 +133,12 @@ def export_drafter(drafter: Drafter, directory: str, fmt: str = "eagle") -> list
   directory = as_path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   cfg = layer_config(drafter.target_cfg)
-  write_safetensors(eagle_tensors(drafter), directory / "model.safetensors",
+  write_safetensors(eagle_tensors(drafter), directory / WEIGHTS,
                     metadata={"format": "pt"})
   config = config_to_hf(cfg.replace(rope_layout="half"), None)
   config["tlt_jax"] = {"architecture": drafter.cfg.architecture, "format": fmt,
                        "draft_vocab": len(drafter.cfg.vocab_ids)}
-  (directory / "config.json").write_text(json.dumps(config, indent=2))
+  (directory / CONFIG).write_text(json.dumps(config, indent=2))
   notes = differences(drafter)
   (directory / "README.md").write_text(_readme(notes))
   return notes

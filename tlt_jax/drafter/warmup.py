@@ -223,7 +223,8 @@ def load_any_drafter(directory: str, target) -> tuple[Drafter, dict]:
   folder in the EAGLE-1 serving layout (ours exported, or a released checkpoint: `serving.py`;
   what its import leaves out in `meta["notes"]`)."""
   if serving.is_eagle_folder(directory) and not os.path.exists(os.path.join(directory, WEIGHTS)):
-    return serving.import_eagle(directory, target), {"notes": serving.import_notes(directory)}
+    drafter, notes = serving.import_eagle(directory, target)
+    return drafter, {"notes": notes}
   if os.path.exists(os.path.join(directory, RECIPE)):
     return load_shipped_drafter(directory, target)
   return load_drafter(directory, target)
