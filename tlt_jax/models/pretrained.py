@@ -22,6 +22,7 @@ from tlt_jax.errors import ConfigError
 from tlt_jax.models import weights
 from tlt_jax.models.config import PRESETS, ModelConfig
 from tlt_jax.models.families import family_of_architectures
+from tlt_jax.models.gguf_file import read_gguf
 from tlt_jax.models.tokenizer import CharTokenizer, TextTokenizer
 from tlt_jax.models.transformer import Transformer, init_model
 from tlt_jax.paths import as_path, write_safetensors
@@ -151,32 +152,19 @@ def save_pretrained(model: Transformer, tokenizer: TextTokenizer | None,
 # ----------------------------------------------------------------------------- GGUF
 
 
-def _field(reader, key, default=None):
-  f = reader.fields.get(key)
-  if f is None:
-    return default
-  if f.types and f.types[0] == gguf.GGUFValueType.STRING:
-    return bytes(f.parts[f.data[0]]).decode("utf-8")
-  if f.types and f.types[0] == gguf.GGUFValueType.ARRAY:
-    if len(f.types) > 1 and f.types[1] == gguf.GGUFValueType.STRING:
-      return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
-    return [f.parts[i].tolist()[0] for i in f.data]
-  return f.parts[f.data[0]].tolist()[0]
-
-
-def gguf_tokenizer(reader, source: str) -> TextTokenizer:
+def gguf_tokenizer(meta: dict, source: str) -> TextTokenizer:
   """Rebuilds the byte-level BPE tokenizer and chat template from GGUF metadata."""
-  kind = _field(reader, "tokenizer.ggml.model")
+  kind = meta.get("tokenizer.ggml.model")
   if kind != "gpt2":
     raise ValueError(f"{source}: GGUF tokenizer model {kind!r} is not supported (only byte-level "
                      "BPE, 'gpt2').")
-  tokens = _field(reader, "tokenizer.ggml.tokens")
-  types = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-  merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
+  tokens = meta.get("tokenizer.ggml.tokens")
+  types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+  merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges")]
   tok = Tokenizer(BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
                       byte_fallback=False))
   byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-  if _field(reader, "tokenizer.ggml.pre") == "smollm":
+  if meta.get("tokenizer.ggml.pre") == "smollm":
     # llama.cpp's `smollm` pre-tokenizer splits digits one by one, as SmolLM2 was trained.
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"), byte_level])
@@ -185,11 +173,11 @@ def gguf_tokenizer(reader, source: str) -> TextTokenizer:
   tok.decoder = decoders.ByteLevel()
   tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                           for t, ty in zip(tokens, types) if ty == 3])
-  bos = _field(reader, "tokenizer.ggml.bos_token_id")
-  eos = _field(reader, "tokenizer.ggml.eos_token_id")
+  bos = meta.get("tokenizer.ggml.bos_token_id")
+  eos = meta.get("tokenizer.ggml.eos_token_id")
   return TextTokenizer(tok, bos_token=tokens[bos] if bos is not None else None,
                        eos_token=tokens[eos] if eos is not None else None,
-                       chat_template=_field(reader, "tokenizer.chat_template"),
+                       chat_template=meta.get("tokenizer.chat_template"),
                        add_bos=False)
 
 
@@ -198,16 +186,16 @@ def load_gguf(path: str, dtype: str = "float32") -> tuple[Transformer, TextToken
   if not os.path.exists(path):
     raise FileNotFoundError(f"GGUF file {path} does not exist.")
   try:
-    reader = gguf.GGUFReader(path)
-  except Exception as e:
+    file = read_gguf(path)
+  except (ValueError, OSError) as e:
     raise ValueError(f"{path} could not be read as GGUF ({e}); the file is corrupt.") from e
-  arch = _field(reader, "general.architecture")
+  meta = file.metadata
+  arch = meta.get("general.architecture")
   if arch != "llama":
     raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (only 'llama').")
-  g = lambda k, d=None: _field(reader, f"llama.{k}", d)
-  tensors = {}
-  for t in reader.tensors:
-    tensors[t.name] = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+  g = lambda k, d=None: meta.get(f"llama.{k}", d)
+  tensors = {name: gguf.quants.dequantize(t.data, t.type).astype(np.float32)
+             for name, t in file.tensors.items()}
   n_heads = g("attention.head_count")
   d_model = g("embedding_length")
   cfg = ModelConfig(
@@ -220,7 +208,7 @@ def load_gguf(path: str, dtype: str = "float32") -> tuple[Transformer, TextToken
       dtype=dtype, param_dtype=dtype)
   model = _abstract(cfg)
   weights.assign(model, tensors, cfg, path, name_fn=weights.gguf_name)
-  return model, gguf_tokenizer(reader, path)
+  return model, gguf_tokenizer(meta, path)
 
 
 # ----------------------------------------------------------------------------- presets
