@@ -5,6 +5,7 @@ of a tiny random Qwen2 checkpoint on a 64-row GSM8K-format file through `hf_math
 import dataclasses
 import json
 import os
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -104,7 +105,7 @@ def test_rewards_by_name_sums_and_user_functions(monkeypatch):
       continue
     with pytest.raises(ConfigError, match=message):
       rewards.reward_fn(name)
-  monkeypatch.setattr(rewards, "math_verify", None)  # the optional extra not installed
+  monkeypatch.setitem(sys.modules, "math_verify", None)  # the optional extra not installed
   with pytest.raises(ConfigError,
                      match=r"'boxed' needs math-verify: pip install 'tlt_jax\[math\]'"):
     rewards.reward_fn("boxed")

@@ -19,7 +19,6 @@ import json
 import os
 
 import numpy as np
-from tensorboardX import SummaryWriter
 
 from tlt_jax.evaluation import group_stats
 from tlt_jax.paths import as_path, is_remote, open_appending
@@ -83,8 +82,11 @@ class RunWriter:
     start = open_appending if resumed else (lambda path: path.open("w"))
     names = (METRICS, EVALS, ROLLOUTS) if enabled else ()
     self._files = {name: start(root / name) for name in names}
-    self._tb = (SummaryWriter(str(root / "tb"))
-                if enabled and "tensorboard" in loggers else None)
+    self._tb = None
+    if enabled and "tensorboard" in loggers:
+      # Imported here: tensorboardX imports torch where it is installed (2.3 s of a start).
+      from tensorboardX import SummaryWriter
+      self._tb = SummaryWriter(str(root / "tb"))
     self._wandb = (WandbLogger(str(root), root.name)
                    if enabled and "wandb" in loggers else None)
 

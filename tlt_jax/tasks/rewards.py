@@ -30,11 +30,6 @@ from collections.abc import Callable
 from tlt_jax.errors import ConfigError
 from tlt_jax.tasks.math_answers import boxed_content, verify
 
-try:  # the optional extra `math`: only the `boxed` reward needs it (`reward_fn` checks)
-  import math_verify
-except ImportError:
-  math_verify = None
-
 RewardFn = Callable[[str, str], float]
 # (response texts, their rows as `datasets.Example`) -> one reward per row
 BatchReward = Callable[[list, list], list]
@@ -52,11 +47,22 @@ def format_reward(response: str, answer: str) -> float:
   return 1.0 if _STATED.search(response) else 0.0
 
 
+def _math_verify():
+  """math-verify, the optional extra `math` that only the `boxed` reward needs (`reward_fn`
+  checks), or None; imported on first use: it brings sympy, 0.7 s of every launcher's start."""
+  try:
+    import math_verify
+  except ImportError:
+    return None
+  return math_verify
+
+
 def boxed_reward(response: str, answer: str) -> float:
   """1.0 when the response's last `\\boxed{...}` is equivalent to `answer` (math-verify)."""
   got = boxed_content(response)
   if got is None:
     return 0.0
+  math_verify = _math_verify()
   gold = math_verify.parse(f"${answer}$")
   return 1.0 if math_verify.verify(gold, math_verify.parse(f"${got}$")) else 0.0
 
@@ -80,7 +86,7 @@ def reward_fn(name: str) -> RewardFn:
   if unknown:
     raise ConfigError(f"{at}: {unknown[0]!r} is not a reward; known: {', '.join(REWARDS)}, sums "
                       "such as math+format, or module:function.")
-  if "boxed" in parts and math_verify is None:
+  if "boxed" in parts and _math_verify() is None:
     raise ConfigError(f"{at} needs math-verify: pip install 'tlt_jax[math]' (or math-verify).")
   fns = [REWARDS[p] for p in parts]
   if len(fns) == 1:
