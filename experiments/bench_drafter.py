@@ -24,7 +24,7 @@ from experiments import launch  # noqa: E402
 from experiments.benchmarks.drafter import accept_len, hidden_state_error  # noqa: E402
 from tlt_jax.rl.config import run_config  # noqa: E402
 from tlt_jax.rl.run import build_trainer  # noqa: E402
-from tlt_jax.workloads import build_drafter, build_workload  # noqa: E402
+from tlt_jax.workloads import build_drafter, build_workload, starting_policy  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_drafter.py")
 
@@ -33,9 +33,10 @@ def main(argv):
   del argv
   c = _CONFIG.value
   rc, b = run_config(c, other_keys=("bench",)), c.bench
-  drafter0, _ = build_drafter(rc.workload, rc.drafter, rc.seed)
-  w = build_workload(rc.workload, rc.num_prompts, rc.seed)
-  held = build_workload(rc.workload, b.eval_prompts, rc.seed + 7919, split="test")
+  policy = starting_policy(rc.workload)  # loaded once
+  drafter0, _ = build_drafter(rc.workload, rc.drafter, rc.seed, policy=policy)
+  w = build_workload(rc.workload, rc.num_prompts, rc.seed, policy=policy)
+  held = build_workload(rc.workload, b.eval_prompts, rc.seed + 7919, policy=policy, split="test")
   pad = w.tokenizer.pad_id
 
   def measure(policy, drafter):

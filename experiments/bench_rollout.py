@@ -44,7 +44,8 @@ def main(argv):
                                            w.tokenizer.pad_id)
   out["layout_invariant"] = res["same_tokens"] and bench.layout_invariant(
       w.model, w.prompts, b.group_size, w.params, ecfg, key, w.tokenizer.pad_id)
-  pool = build_workload(wc, b.layout_pool_prompts, c.seed + 1).prompts  # as a GRPO run's pool
+  pool = build_workload(wc, b.layout_pool_prompts, c.seed + 1,  # as a GRPO run's pool
+                        policy=(w.model, w.tokenizer)).prompts
   fixed = bench.fixed_layout_cost(w.model, w.prompts, b.group_size, w.params, ecfg, key,
                                   max(map(len, pool)), w.tokenizer.pad_id)
   print(f"cache sized once ({fixed['cache_len_fixed']}) vs per call "

@@ -18,7 +18,8 @@ from tlt_jax.drafter.costs import cost_table_for
 from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.sft import default_cache_dir
 from tlt_jax.spec.strategy import spec_config_from_dict
-from tlt_jax.workloads import build_drafter, build_workload, drafter_recipe, workload_config
+from tlt_jax.workloads import (build_drafter, build_workload, drafter_recipe, starting_policy,
+                               workload_config)
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_spec_tiny.py")
 
@@ -30,11 +31,12 @@ def main(argv):
   spec = spec_config_from_dict(c.spec)
   # The arm sweep may try arms the bandit is not given (`sweep_arms`).
   sweep_spec = spec_config_from_dict({**c.spec, "arms": b.sweep_arms or c.spec.arms})
-  drafter = None
+  drafter, policy = None, starting_policy(wc)
   if any(a.uses_drafter for a in sweep_spec.arms + spec.arms):  # this policy's warm-up drafter
-    drafter, meta = build_drafter(wc, drafter_recipe(c.drafter, ("adaptive",)), c.seed)
+    drafter, meta = build_drafter(wc, drafter_recipe(c.drafter, ("adaptive",)), c.seed,
+                                  policy=policy)
     print(f"drafter: {meta['cache']}")
-  w = build_workload(wc, b.num_prompts, c.seed)
+  w = build_workload(wc, b.num_prompts, c.seed, policy=policy)
   key = jax.random.key(c.seed)
   args = (w.model, w.prompts, b.group_size)
   costs = None

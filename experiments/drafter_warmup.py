@@ -29,7 +29,7 @@ from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.sft import default_cache_dir
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 from tlt_jax.workloads import (build_drafter, build_workload, drafter_recipe, drafter_workload,
-                               workload_config)
+                               starting_policy, workload_config)
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/drafter_tiny.py")
 _SHIP = flags.DEFINE_string("ship", "", "Also write the drafter into the package's assets under "
@@ -46,11 +46,12 @@ def main(argv):
   c = _CONFIG.value
   wc, recipe = workload_config(c), drafter_recipe(c.drafter, ("adaptive", "eval_prompts"))
   ecfg = EngineConfig.from_dict(c.rollout.engine)
-  drafter, meta = build_drafter(wc, recipe, c.seed)
+  policy = starting_policy(wc)  # loaded once, for the warm-up and the evaluation
+  drafter, meta = build_drafter(wc, recipe, c.seed, policy=policy)
   if _EVAL_SIDE.value == "test":  # held-out prompts
-    w = build_workload(wc, c.drafter.eval_prompts, c.seed + 2, split="test")
+    w = build_workload(wc, c.drafter.eval_prompts, c.seed + 2, policy=policy, split="test")
   else:
-    w = drafter_workload(wc, recipe, c.seed)
+    w = drafter_workload(wc, recipe, c.seed, policy)
   eval_prompts = w.prompts[: c.drafter.eval_prompts]
   print(f"drafter {provenance(meta)}: {meta['cache']}")
   if _SHIP.value and not meta["shipped"]:
