@@ -15,7 +15,6 @@ import pytest
 from safetensors.numpy import load_file
 
 from experiments.launch_local import free_port, process_env
-from tests.conftest import FAST_COMPILE
 from tlt_jax.rl.compare import compare_runs, read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -32,17 +31,13 @@ REPLAYING = ("--config.train.num_prompts=16", "--config.rollout.noise=prompt",
              "--config.rollout.history.dispatch=share")
 
 
-def _env(process: int | None = None, port: int = 0, devices: int = 0,
-         fast_compile: bool = False) -> dict:
-  """The test's environment, under XLA's default flags unless `fast_compile` (the training runs
-  are update-bound, which the suite's cheap LLVM level slows: `test_launchers.run_module`; a
-  rollout or a start that stops is compile-bound); with `process`, as launch_local gives
-  process `process` of 2 with `devices` fake CPU devices."""
+def _env(process: int | None = None, port: int = 0, devices: int = 0) -> dict:
+  """The test's environment, under the suite's XLA flags (every run here is compile-bound: the
+  3-step loop's one-process run spent 75 s of its 94 s on its warm-up under XLA's default flags,
+  50 s of 77 s under the suite's); with `process`, as launch_local gives process `process` of 2
+  with `devices` fake CPU devices."""
   env = process_env(process, 2, port, devices) if process is not None else dict(os.environ)
-  flags = env.get("XLA_FLAGS", "")
-  if not fast_compile:
-    flags = flags.replace(FAST_COMPILE, "").strip()
-  return dict(env, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", XLA_FLAGS=flags)
+  return dict(env, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
 
 
 def _run(command: list[str], timeout: int, env=None) -> subprocess.CompletedProcess:
@@ -59,11 +54,10 @@ def _run(command: list[str], timeout: int, env=None) -> subprocess.CompletedProc
   return subprocess.CompletedProcess(command, proc.returncode, out, "")
 
 
-def _launch(n: int, *command: str, devices: int = 0, timeout: int = 900,
-            fast_compile: bool = False):
+def _launch(n: int, *command: str, devices: int = 0, timeout: int = 900):
   return _run([PY, "-m", "experiments.launch_local", f"--num_processes={n}",
                f"--devices_per_process={devices}", "--", *command], timeout,
-              _env(fast_compile=fast_compile))
+              _env())
 
 
 def _json_of(out: str, prefix: str = "") -> dict:
@@ -73,10 +67,9 @@ def _json_of(out: str, prefix: str = "") -> dict:
 
 @pytest.mark.long
 def test_a_rollout_spread_over_processes_in_tp_shards_gives_the_tokens_of_one_process():
-  one = _run([PY, "-m", "tests.distributed.rollout_worker"], 300, _env(fast_compile=True))
+  one = _run([PY, "-m", "tests.distributed.rollout_worker"], 300)
   assert one.returncode == 0, one.stdout[-3000:]
-  two = _launch(2, PY, "-m", "tests.distributed.rollout_worker", devices=2, timeout=300,
-                fast_compile=True)
+  two = _launch(2, PY, "-m", "tests.distributed.rollout_worker", devices=2, timeout=300)
   assert two.returncode == 0, two.stdout[-3000:]
   a, b = _json_of(one.stdout), _json_of(two.stdout, "[p0] ")
   assert (a["processes"], b["processes"]) == (1, 2)
@@ -101,7 +94,7 @@ def test_processes_started_with_different_configs_stop_with_one_line():
   procs = [subprocess.Popen(
       [PY, "-m", "experiments.train_grpo", *SCALE, f"--config.seed={7 + i}",
        "--config.out_dir=/nonexistent/never-written"],
-      cwd=ROOT, env=_env(i, port, fast_compile=True),
+      cwd=ROOT, env=_env(i, port),
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
       for i in range(2)]
   try:
@@ -121,7 +114,7 @@ def test_an_unreachable_coordinator_is_one_line_within_the_timeout():
   t0 = time.monotonic()
   proc = _run([PY, "-m", "experiments.train_grpo", *SCALE,
                "--config.distributed.initialization_timeout_s=5"], 120,
-              env=_env(1, free_port(), fast_compile=True))
+              env=_env(1, free_port()))
   assert proc.returncode != 0
   assert "Could not join the process group through the coordinator at 127.0.0.1:" in proc.stdout
   assert "Traceback" not in proc.stdout and time.monotonic() - t0 < 60
@@ -130,7 +123,7 @@ def test_an_unreachable_coordinator_is_one_line_within_the_timeout():
 @pytest.mark.long
 def test_a_process_count_that_does_not_split_the_prompts_is_one_line():
   proc = _launch(2, PY, "-m", "experiments.train_grpo", *SCALE,
-                 "--config.train.prompts_per_step=5", timeout=300, fast_compile=True)
+                 "--config.train.prompts_per_step=5", timeout=300)
   assert proc.returncode != 0
   assert "loop.prompts_per_step=5 does not split evenly over the 2 processes" in proc.stdout
   assert "Traceback" not in proc.stdout

@@ -15,7 +15,9 @@ from tlt_jax.models.pretrained import load_pretrained, smollm2_gguf_path  # noqa
 from tlt_jax.models.sampling import SamplingParams  # noqa: E402
 from tlt_jax.rollout.plain import generate_plain  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# Both tests on one worker (make test-slow's --dist loadgroup): their module fixture loads
+# transformers' model from the GGUF (41 s), once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2_parity")]
 
 PROMPTS = ["What is the capital of France?",
            "Tom has 12 apples and gives away 5. How many are left?",
