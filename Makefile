@@ -3,10 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
-# Test workers (pytest-xdist): most tests compile or dispatch on one core, so two share the machine;
-# tests marked with one xdist_group run on one worker (a module fixture built once).
+# Test workers (pytest-xdist): most tests compile or dispatch on one core, so two share the machine.
 PYTEST_WORKERS ?= 2
-PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadgroup
 
 .PHONY: demo test test-slow test-gpu install smollm2 warmstart pictures clean-cache bench-gpu wheels \
 	gpu-bundle gpu-proof
@@ -35,10 +33,10 @@ demo: $(VENV)/.base
 	$(PY) -m experiments.demo --config=experiments/configs/demo.py
 
 test: $(VENV)/.test $(VENV)/.smollm2
-	$(PY) -m pytest -q $(PYTEST_XDIST) -m "not slow and not gpu" --durations=25
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not gpu" --durations=25
 
 test-slow: $(VENV)/.test $(VENV)/.smollm2
-	$(PY) -m pytest -q $(PYTEST_XDIST) -m "slow and not gpu" --durations=25
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "slow and not gpu" --durations=25
 
 # On a GPU box with a network: the `gpu` extra (jax[cuda12], jax-triton, pytest) into .venv, then
 # the tests that execute the Pallas kernel and SD through it on the GPU (tests/kernels/test_gpu.py;

@@ -15,29 +15,28 @@ from tlt_jax.models.pretrained import load_pretrained, smollm2_gguf_path  # noqa
 from tlt_jax.models.sampling import SamplingParams  # noqa: E402
 from tlt_jax.rollout.plain import generate_plain  # noqa: E402
 
-# Both tests on one worker (make test-slow's --dist loadgroup): their module fixture loads
-# transformers' model from the GGUF (41 s), once.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2_parity")]
+pytestmark = pytest.mark.slow
 
 PROMPTS = ["What is the capital of France?",
            "Tom has 12 apples and gives away 5. How many are left?",
            "Write a haiku about the sea.", "Explain gravity in one sentence."]
 
 
-@pytest.fixture(scope="module")
-def pair():
+def test_tokens_chat_template_logits_and_greedy_tokens_match_transformers():
+  """One test: transformers' model from the GGUF takes 41 s to load (a module fixture shared by
+  two tests was built once on each pytest worker)."""
   path = smollm2_gguf_path()
   kw = dict(gguf_file=os.path.basename(path))
   hf = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), dtype=torch.float32,
                                                          **kw).eval()
   hf_tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), **kw)
   model, tok = load_pretrained("smollm2")
-  return hf, hf_tok, model, tok
+  _tokenizer_and_chat_template_match(hf_tok, tok)
+  _logits_within_tolerance_and_greedy_32_tokens_identical(hf, model, tok)
 
 
-def test_tokenizer_and_chat_template_match(pair):
+def _tokenizer_and_chat_template_match(hf_tok, tok):
   from tokenizers import Tokenizer, pre_tokenizers
-  _, hf_tok, _, tok = pair
   texts = PROMPTS + ["12,345.67 x\n\ty", "Émile ça va? 日本語 <|im_end|>", "a  12 b"]
   # SmolLM2's own tokenizer.json splits digits one by one before byte-level BPE (llama.cpp's
   # `smollm` pre-tokenizer); transformers' GGUF converter omits that split, which only changes ids
@@ -57,11 +56,10 @@ def test_tokenizer_and_chat_template_match(pair):
         msgs, tokenize=False, add_generation_prompt=True)
 
 
-def test_logits_within_tolerance_and_greedy_32_tokens_identical(pair):
+def _logits_within_tolerance_and_greedy_32_tokens_identical(hf, model, tok):
   """Each prompt's logits against transformers' and its 32 greedy tokens against transformers'
   `generate`. Ours run the four prompts as one right-padded batch (one program for the forward,
   one for decoding; a causal row's positions before its padding see none of it)."""
-  hf, _, model, tok = pair
   torch.set_num_threads(2)
   prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]))
              for p in PROMPTS]
