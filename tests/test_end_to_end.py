@@ -189,9 +189,9 @@ def test_a_run_killed_with_sigkill_resumes_the_same_trajectory(tmp_path):
 
 
 def test_drafter_warmup_small_smollm2(tmp_path):
-  """The SmolLM2 drafter recipe (unrolled, T = 0.9 labels, TV) end to end (a few steps): trained,
-  cached, then judged on held-out prompts greedy and at the rollout temperature under both
-  rules."""
+  """The SmolLM2 drafter recipe (unrolled, T = 0.9 labels, TV, a restricted draft vocabulary) end
+  to end (a few steps): trained, cached, then judged on held-out prompts greedy and at the rollout
+  temperature under both rules (`test_launchers` judges the tiny drafter on its own prompts)."""
   out = last_json(run_module("experiments.drafter_warmup",
                              "--config=experiments/configs/drafter_smollm2.py:small",
                              f"--config.cache_dir={tmp_path}"))
@@ -199,10 +199,3 @@ def test_drafter_warmup_small_smollm2(tmp_path):
   assert out["accept_len_greedy_heldout"] >= 1.0 and out["accept_len_t0.9_heldout"] >= 1.0
   assert out["accept_len_t0.9_rejection_heldout"] >= 1.0 and 0 <= out["total_variation_train"] <= 1
   assert 0 <= out["tf_total_variation_heldout"] <= 1 and "tf_top1_agreement_d3_heldout" in out
-  # Judged on its own training prompts instead, loaded from the cache.
-  train = last_json(run_module("experiments.drafter_warmup",
-                               "--config=experiments/configs/drafter_smollm2.py:small",
-                               f"--config.cache_dir={tmp_path}", "--eval_side=train"))
-  assert train["cache"] == out["cache"] and train["accept_len_greedy_train_prompts"] >= 1.0
-  # And teacher-forced on the very sequences it trained on.
-  assert 0 <= train["tf_total_variation_trained"] <= 1 and "tf_top1_agreement_d3_trained" in train

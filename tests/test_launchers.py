@@ -54,6 +54,26 @@ def test_sft_launcher_small_trains_then_reuses_its_cache(tmp_path):
   assert last_json(second)["accuracy"] == out["accuracy"]  # same weights, same keys
 
 
+@pytest.mark.slow
+def test_the_drafter_warmup_trains_once_then_judges_on_held_out_or_its_own_prompts(tmp_path):
+  """`experiments.drafter_warmup` on `drafter_tiny.py:small`: trained and cached, judged on
+  held-out prompts; then, from the cache, on its warm-up prompts (`--eval_side=train`) and
+  teacher-forced on the very sequences it trained on. (`test_end_to_end` runs the SmolLM2 recipe.)"""
+  args = ("experiments.drafter_warmup", "--config=experiments/configs/drafter_tiny.py:small",
+          f"--config.cache_dir={tmp_path}")
+  first = run_module(*args)
+  held = last_json(first)
+  assert "drafter trained and cached" in first.stdout
+  for rule in ("greedy", "t1", "t1_rejection"):
+    assert held[f"accept_len_{rule}_heldout"] >= 1.0
+  assert 0 <= held["tf_total_variation_heldout"] <= 1
+  second = run_module(*args, "--eval_side=train")
+  train = last_json(second)
+  assert "drafter loaded from the cache" in second.stdout and train["cache"] == held["cache"]
+  assert train["accept_len_greedy_train_prompts"] >= 1.0 and "accept_len_greedy_heldout" not in train
+  assert 0 <= train["tf_total_variation_trained"] <= 1 and "tf_top1_agreement_trained" in train
+
+
 def test_bad_config_value_is_a_clear_error_before_work(tmp_path):
   proc = run_module("experiments.sft_warmstart", "--config=experiments/configs/sft_tiny.py:small",
                     f"--config.cache_dir={tmp_path}", "--config.train.lr=-1.0")
