@@ -161,8 +161,9 @@ def _kill_after_first_checkpoint(out_dir, *args: str, devices: int,
 
 
 @pytest.mark.slow
-# Three runs, two of them 2 processes x 2 devices, each with its own warm-up: 243 s alone
-# (2026-11-26), but past the suite's 900 s beside the demo on the other worker of a loaded machine.
+# Three runs, two of them 2 processes x 2 devices, each with its own warm-up: 434 s beside the
+# SmolLM2 drafter's warm-up on the other worker (2026-11-27), past the suite's 900 s on a loaded
+# machine before.
 @pytest.mark.timeout(1800)
 def test_the_tiny_tlt_loop_across_processes_is_the_run_of_one_process(tmp_path):
   """Coupled rule: per-step rewards identical, parameters equal up to reduction order (the
