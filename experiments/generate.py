@@ -5,6 +5,13 @@
 `--dtype=bfloat16` keeps the weights and runs the matmuls and the KV cache in bf16 (norms,
 softmax statistics and logits stay float32; on CPU float32 is the faster choice).
 With --json the last line is one JSON object with `text` and `token_ids` (generated ids only).
+`--prompts_file=FILE` decodes its prompts (one a line) as one batch; with --json the last line is
+then `{"results": [{"prompt", "text", "token_ids"}, ...]}` (and `accept_len` with a drafter).
+`--numerics=invariant` computes every position as any other call would (docs/SPECULATION.md,
+"Invariant numerics"): then, in bf16 too, a drafter's output equals plain decoding's on every
+prompt:
+  python -m experiments.generate --model=smollm2 --chat --dtype=bfloat16 --numerics=invariant \
+      --temperature=0.9 --seed=0 --prompts_file=P --max_new_tokens=128 --json [--drafter=smollm2]
 
 Served with speculative decoding by a drafter (exact: the same output as without), shipped with
 the package (`--drafter=smollm2`) or a `drafter_warmup` artifact directory; `--compare_plain`
@@ -23,6 +30,7 @@ from absl import app, flags
 from experiments import launch
 from tlt_jax.drafter.proposer import EagleProposer
 from tlt_jax.drafter.warmup import load_any_drafter, resolve_drafter
+from tlt_jax.models.config import NUMERICS
 from tlt_jax.models.precision import DTYPES, Precision
 from tlt_jax.models.pretrained import load_pretrained
 from tlt_jax.models.sampling import SamplingParams
@@ -31,7 +39,9 @@ from tlt_jax.rollout.plain import generate_plain
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 _MODEL = flags.DEFINE_string("model", "smollm2", "Preset name, HF checkpoint folder or .gguf file.")
-_PROMPT = flags.DEFINE_string("prompt", None, "Prompt text.", required=True)
+_PROMPT = flags.DEFINE_string("prompt", None, "Prompt text.")
+_PROMPTS_FILE = flags.DEFINE_string("prompts_file", None, "A file of prompts, one a line, "
+                                    "decoded as one batch (instead of --prompt).")
 _CHAT = flags.DEFINE_bool("chat", False, "Wrap the prompt as a user turn with the chat template.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate at most.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "0 is greedy.")
@@ -39,6 +49,8 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass (1 is off).")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Top-k (0 is off).")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", DTYPES, "Weights, matmuls and KV cache dtype.")
+_NUMERICS = flags.DEFINE_enum("numerics", "fast", NUMERICS, "invariant: every position's numbers "
+                              "the same whatever the call computing them.")
 _JSON = flags.DEFINE_bool("json", False, "End with one JSON line: text and token_ids.")
 _DRAFTER = flags.DEFINE_string("drafter", None, "A shipped drafter's name (smollm2) or a drafter "
                                "artifact directory: serve with speculative decoding (exact: the "
@@ -51,55 +63,74 @@ _TREE = flags.DEFINE_list("draft_tree", None, "TOPK,NODES: draft an EAGLE-2 tree
                           "(default: a chain).")
 
 
-def _timed(engine, prompt_ids, params, seed):
-  """The engine's completion and its wall seconds, the second of two calls (the first
+def _timed(engine, prompts, params, seed):
+  """The engine's completions and its wall seconds, the second of two calls (the first
   compiles)."""
-  engine.generate([prompt_ids], 1, params, jax.random.key(seed))
+  engine.generate(prompts, 1, params, jax.random.key(seed))
   t0 = time.perf_counter()
-  ids = engine.generate([prompt_ids], 1, params, jax.random.key(seed)).response(0)
-  return ids, time.perf_counter() - t0
+  res = engine.generate(prompts, 1, params, jax.random.key(seed))
+  return [res.response(i) for i in range(len(prompts))], time.perf_counter() - t0
 
 
-def generate(model, tok, prompt_ids: list[int], params: SamplingParams, seed: int = 0,
+def generate(model, tok, prompts: list[list[int]], params: SamplingParams, seed: int = 0,
              drafter: str | None = None, depth: int = 4, tree: tuple[int, int] | None = None,
-             compare_plain: bool = False) -> tuple[list[int], dict]:
-  """The completion's token ids of `prompt_ids`, and with a drafter (`drafter`: a shipped
-  drafter's name or an artifact directory; served with speculative decoding, a chain of `depth`
-  or a `tree` of (topk, nodes)) its accepted length; with `compare_plain` also the speeds of
-  both, each timed warm."""
+             compare_plain: bool = False) -> tuple[list[list[int]], dict]:
+  """The completions' token ids of `prompts` (token ids, decoded as one batch), and with a
+  drafter (`drafter`: a shipped drafter's name or an artifact directory; served with speculative
+  decoding, a chain of `depth` or a `tree` of (topk, nodes)) its accepted length; with
+  `compare_plain` also the speeds of both, each timed warm."""
   if not drafter:
-    gen = generate_plain(model, [prompt_ids], jax.random.key(seed), params, pad_id=tok.pad_id)
-    return gen.response(0), {}
+    gen = generate_plain(model, prompts, jax.random.key(seed), params, pad_id=tok.pad_id)
+    return [gen.response(i) for i in range(len(prompts))], {}
   module, _ = load_any_drafter(resolve_drafter(drafter), model)
   arm = (Strategy("tree", depth=depth, topk=tree[0], nodes=tree[1]) if tree
          else Strategy("eagle", depth=depth))
-  spec = SpecConfig(threshold=1, arms=(arm,), min_accept_len=0.0)
-  cfg = EngineConfig(batch_buckets=(1,), max_batch=1, prefill_buckets=(max(16, len(prompt_ids)),))
+  spec = SpecConfig(threshold=len(prompts), arms=(arm,), min_accept_len=0.0)
+  cfg = EngineConfig(batch_buckets=(len(prompts),), max_batch=len(prompts),
+                     prefill_buckets=(max(16, *map(len, prompts)),))
   engine = RolloutEngine(model, cfg, pad_id=tok.pad_id, spec=spec, drafter=EagleProposer(module))
   if not compare_plain:
-    ids = engine.generate([prompt_ids], 1, params, jax.random.key(seed)).response(0)
-    return ids, {"accept_len": round(engine.spec.accept_len(), 3)}
-  ids, sd_s = _timed(engine, prompt_ids, params, seed)
-  _, plain_s = _timed(RolloutEngine(model, cfg, pad_id=tok.pad_id), prompt_ids, params, seed)
+    res = engine.generate(prompts, 1, params, jax.random.key(seed))
+    return ([res.response(i) for i in range(len(prompts))],
+            {"accept_len": round(engine.spec.accept_len(), 3)})
+  ids, sd_s = _timed(engine, prompts, params, seed)
+  _, plain_s = _timed(RolloutEngine(model, cfg, pad_id=tok.pad_id), prompts, params, seed)
+  n = sum(map(len, ids))
   return ids, {"accept_len": round(engine.spec.accept_len(), 3),
-               "tokens_per_s": round(len(ids) / sd_s, 2),
-               "plain_tokens_per_s": round(len(ids) / plain_s, 2),
+               "tokens_per_s": round(n / sd_s, 2), "plain_tokens_per_s": round(n / plain_s, 2),
                "speedup": round(plain_s / sd_s, 3)}
+
+
+def _prompt_texts() -> list[str]:
+  if (_PROMPT.value is None) == (_PROMPTS_FILE.value is None):
+    raise app.UsageError("Give --prompt or --prompts_file (one prompt a line), not both.")
+  if _PROMPT.value is not None:
+    return [_PROMPT.value]
+  try:
+    with open(_PROMPTS_FILE.value) as f:
+      texts = [line.rstrip("\n") for line in f if line.strip()]
+  except OSError as e:
+    raise app.UsageError(f"--prompts_file: {e}") from None
+  if not texts:
+    raise app.UsageError(f"--prompts_file={_PROMPTS_FILE.value} holds no prompt.")
+  return texts
 
 
 def main(argv):
   del argv
+  texts = _prompt_texts()
   model, tok = load_pretrained(_MODEL.value)
-  model = Precision(param_dtype=_DTYPE.value, compute_dtype=_DTYPE.value).apply(model)
-  text = _PROMPT.value
+  model = Precision(param_dtype=_DTYPE.value, compute_dtype=_DTYPE.value,
+                    numerics=_NUMERICS.value).apply(model)
   if _CHAT.value:
     if not tok.chat_template:
       raise app.UsageError(f"--chat: {_MODEL.value} has no chat template (a base model); leave "
                            "--chat out.")
-    text = tok.apply_chat_template([{"role": "user", "content": text}])
-  prompt_ids = tok.encode(text)
-  if len(prompt_ids) + _MAX_NEW.value > model.cfg.max_seq_len:
-    raise app.UsageError(f"Prompt of {len(prompt_ids)} tokens + max_new_tokens {_MAX_NEW.value} "
+    texts = [tok.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
+  prompts = [tok.encode(t) for t in texts]
+  longest = max(map(len, prompts))
+  if longest + _MAX_NEW.value > model.cfg.max_seq_len:
+    raise app.UsageError(f"Prompt of {longest} tokens + max_new_tokens {_MAX_NEW.value} "
                          f"exceeds the model context of {model.cfg.max_seq_len} tokens.")
   stops = tok.stop_ids  # eos and the ids of the checkpoint's generation_config.json
   params = SamplingParams(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
@@ -114,12 +145,18 @@ def main(argv):
     drafter = resolve_drafter(_DRAFTER.value) if _DRAFTER.value else None
   except FileNotFoundError as e:
     raise app.UsageError(str(e)) from None
-  ids, extra = generate(model, tok, prompt_ids, params, _SEED.value, drafter, _DEPTH.value, tree,
+  ids, extra = generate(model, tok, prompts, params, _SEED.value, drafter, _DEPTH.value, tree,
                         _COMPARE.value)
-  completion = tok.decode(ids)
-  print(completion)
-  if _JSON.value:
-    print(json.dumps({"text": completion, "token_ids": ids, **extra}))
+  completions = [tok.decode(x) for x in ids]
+  print("\n\n".join(completions))
+  if not _JSON.value:
+    return
+  if _PROMPTS_FILE.value is None:
+    print(json.dumps({"text": completions[0], "token_ids": ids[0], **extra}))
+  else:
+    print(json.dumps({"results": [{"prompt": p, "text": c, "token_ids": x}
+                                  for p, c, x in zip(_prompt_texts(), completions, ids)],
+                      **extra}))
 
 
 if __name__ == "__main__":

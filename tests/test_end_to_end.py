@@ -72,6 +72,15 @@ def test_bench_cost_small():
     assert r["share"] > 0 and r["share"] == pytest.approx(r["ms"] / r["target_ms"], rel=0.05)
 
 
+def test_bench_numerics_small():
+  """Invariant against fast numerics: every cell and the update timed in both."""
+  out = last_json(run_module("experiments.bench_numerics",
+                             "--config=experiments/configs/bench_numerics.py:small"))
+  assert [(r["B"], r["T"]) for r in out["steps"]] == [(1, 1), (1, 4), (2, 1), (2, 4)]
+  assert all(r["fast_ms"] > 0 and r["invariant_ms"] > 0 for r in out["steps"])
+  assert out["update_fast_s"] > 0 and out["update_invariant_s"] > 0
+
+
 def test_bench_spec_small(tmp_path):
   """Greedy and coupled SD equal plain decoding under the XLA flags users run (the fast suite
   checks the same at its cheaper compile level)."""

@@ -145,8 +145,8 @@ def workload_config(c: ml_collections.ConfigDict, rollout_keys=("engine",)) -> W
     warm_start = warm_start.copy_and_resolve_references()
     warm_start.cache_dir = warm_start.get("cache_dir") or c.get("cache_dir", "")
     kind.check_warm_start(warm_start)
-  precision = typed(Precision, {k: model[k] for k in ("param_dtype", "compute_dtype")
-                                if k in model}, "model")
+  precision = typed(Precision, {f.name: model[f.name] for f in dataclasses.fields(Precision)
+                                if f.name in model}, "model")
   wc = WorkloadConfig(name=model["name"], task=task, path=model.get("path", ""),
                       warm_start=warm_start,
                       cache_dir=c.get("cache_dir", ""), precision=precision,

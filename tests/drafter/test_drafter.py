@@ -124,11 +124,11 @@ def test_eagle_greedy_equals_plain_greedy(trained, layers, arms, architecture):
     assert eng.spec.accept_len() > 1.1
 
 
-def successor_model(dtype="float32"):
+def successor_model(dtype="float32", numerics="fast"):
   """A random untied model whose head, besides a random part of equal norm, scores the successor
   of the current token under a fixed permutation: its top-2 logit gaps are wide, so bfloat16's
   rounding seldom decides a token, and its continuations are easy to draft."""
-  m = init_model(small_config(tie_embeddings=False, dtype=dtype), seed=0)
+  m = init_model(small_config(tie_embeddings=False, dtype=dtype, numerics=numerics), seed=0)
   emb_VxD = np.asarray(m.embed.embedding[...], np.float32)
   successor_DxV = np.zeros(emb_VxD.shape[::-1], np.float32)
   successor_DxV[:, np.random.default_rng(0).permutation(len(emb_VxD))] = (
@@ -183,6 +183,27 @@ def test_bf16_speculative_decoding_equals_bf16_plain_decoding(temperature):
   assert safe_R.mean() >= 0.75, (margin_R, noise_R.max())
   np.testing.assert_array_equal(sd.tokens[safe_R], plain.tokens[safe_R])
   np.testing.assert_allclose(sd.logprobs[safe_R], plain.logprobs[safe_R], atol=2e-2)
+  assert eng.spec.accept_len() > 1.1
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_bf16_chain_speculative_decoding_in_invariant_numerics_equals_plain_decoding(temperature):
+  """In invariant numerics a chain verify computes each position as a decode step does
+  (`models/invariant.py`), so coupled SD in bfloat16 gives plain decoding's tokens on every row,
+  however narrowly a token won, and the same recorded log-probs bit for bit (in fast numerics
+  these part by up to 0.008 nats on this model)."""
+  target = successor_model("bfloat16", numerics="invariant")
+  drafter = _trained_drafter(successor_model())[0]
+  params = SamplingParams(temperature=temperature, max_new_tokens=24, stop_tokens=STOPS)
+  prompts = _prompts(8, seed=5)
+  plain, _ = _run(target, params, prompts, 2, key=3)
+  sd, eng = _run(target, params, prompts, 2,
+                 SpecConfig(threshold=16, rule="coupled", arms=EAGLE[:1], min_accept_len=0.0),
+                 drafter, key=3)
+  np.testing.assert_array_equal(sd.tokens, plain.tokens)
+  np.testing.assert_array_equal(sd.lengths, plain.lengths)
+  kept = np.arange(sd.logprobs.shape[1])[None] < np.asarray(plain.lengths)[:, None]
+  np.testing.assert_array_equal(sd.logprobs[kept], plain.logprobs[kept])
   assert eng.spec.accept_len() > 1.1
 
 

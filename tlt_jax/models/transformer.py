@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tlt_jax.kernels.attention import attention
+from tlt_jax.models import invariant
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.layers import MLP, Attention, RMSNorm, dense
@@ -29,6 +30,8 @@ REMAT_POLICIES = {"none": None, "dots": jax.checkpoint_policies.dots_with_no_bat
 
 def _block_forward(block, x_BxTxD, positions_BxT, mask_BxTxT):
   """A layer of a full forward (no cache context): what `nnx.remat` wraps."""
+  if block.attn.cfg.numerics == "invariant":
+    return invariant.block(block, x_BxTxD, positions_BxT, mask_BxTxT, None, 0)
   return block(x_BxTxD, positions_BxT, mask_BxTxT)
 
 
@@ -146,24 +149,31 @@ class Transformer(TokenIO):
 
     layer_outs = [x] if return_layers else None
     new_k, new_v = [], []
+    fixed_order = self.cfg.numerics == "invariant"
     forward = (nnx.remat(_block_forward, policy=REMAT_POLICIES[remat]) if remat != "none"
-               else None)
+               else _block_forward if fixed_order and cache is None else None)
     for i, (block, context) in enumerate(zip(self.layers, contexts)):
       if forward is not None:
         x, (k, v) = forward(block, x, positions_BxT, mask_BxTxT)
+      elif fixed_order:  # the new keys and values come back written into the cache
+        x, (k, v) = invariant.block(block, x, positions_BxT, mask_BxTxT, cache, i)
       else:
         x, (k, v) = block(x, positions_BxT, mask_BxTxT, context)
       if cache is not None:
-        k, v = kvc.write_kv(cache, i, k, v)
+        if not fixed_order:
+          k, v = kvc.write_kv(cache, i, k, v)
         new_k.append(k)
         new_v.append(v)
       if return_layers:
         layer_outs.append(x)
-    hidden = self.final_norm(x)
+    if fixed_order:
+      hidden, logits = invariant.head(self, x)
+    else:
+      hidden = self.final_norm(x)
+      logits = self.head(hidden)
     if cache is not None:
       cache = cache.replace(k=tuple(new_k), v=tuple(new_v), overflow_B=cache.overflow_B | over_B)
-    return ModelOutput(self.head(hidden), hidden, cache,
-                       tuple(layer_outs) if return_layers else None)
+    return ModelOutput(logits, hidden, cache, tuple(layer_outs) if return_layers else None)
 
 
 class TokenView(TokenIO):

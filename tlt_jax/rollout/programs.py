@@ -160,6 +160,7 @@ class Programs:
     model, the weights' shapes, the devices and the engine's settings."""
     shapes = jax.tree.map(lambda x: (x.shape, str(x.dtype)), self.weights.abstract(0))
     return "|".join([jax.__version__, repr(self.model_cfg), repr(self.model_cfg.llama3_rope),
+                     self.model_cfg.numerics,
                      repr(shapes), traced_source_digest(), registered_source_digest(spec),
                      repr(self.pad_id), repr([m.devices.tolist() for m in self.meshes]),
                      repr(self.cfg), repr(spec), repr((self.words, self.replay_chunk,

@@ -1,0 +1,66 @@
+"""Invariant numerics against fast: c(B, T) of a decode step and a chain verify, and one update's
+forward and backward (GRPO's token log-probs and their gradient), each pair timed in alternating
+rounds so that a ratio comes from the same moments of the machine; last line one JSON object.
+
+  python -m experiments.bench_numerics --config=experiments/configs/bench_numerics.py:smollm2
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from ml_collections import config_flags
+
+from experiments import launch
+from tlt_jax.drafter.costs import alternating_times, step_runner
+from tlt_jax.models.config import NUMERICS
+from tlt_jax.models.precision import Precision
+from tlt_jax.models.pretrained import load_policy
+from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.rl.grpo import token_logprobs
+
+_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/bench_numerics.py")
+
+
+def update_runner(model, rows: int, length: int):
+  """One jitted forward and backward of the sum of `rows` x `length` token log-probs (the
+  update's work, without the optimizer), compiled once."""
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, model.cfg.vocab_size, (rows, length)))
+  prompt_len = jnp.full((rows,), length // 4, jnp.int32)
+  params = SamplingParams(temperature=1.0, max_new_tokens=length)
+  grad = nnx.jit(nnx.grad(lambda m: token_logprobs(m, tokens, prompt_len, length - length // 4,
+                                                   params)[0].sum()))
+  return lambda: jax.tree.leaves(nnx.state(grad(model)))[0]
+
+
+def main(argv):
+  del argv
+  c = _CONFIG.value
+  policy = load_policy(c.model)
+  models = {mode: Precision(param_dtype="float32", compute_dtype=c.dtype,
+                            numerics=mode).apply(policy) for mode in NUMERICS}
+  steps = []
+  print(f"{c.model}, {c.dtype}: c(B, T) ms, fastest call of alternating rounds")
+  print("   B    T      fast   invariant   invariant / fast")
+  for b in c.batches:
+    times = alternating_times({(m, t): step_runner(models[m], b, t, c.cache_len)
+                               for m in NUMERICS for t in c.tokens}, c.rounds, c.iters)
+    for t in c.tokens:
+      fast, inv = (1e3 * float(np.min(times[(m, t)])) for m in NUMERICS)
+      steps.append({"B": b, "T": t, "fast_ms": round(fast, 3), "invariant_ms": round(inv, 3),
+                    "ratio": round(inv / fast, 3)})
+      print(f"{b:4d} {t:4d} {fast:9.3f} {inv:11.3f} {inv / fast:18.2f}")
+  times = alternating_times({m: update_runner(models[m], c.update_rows, c.update_len)
+                             for m in NUMERICS}, c.rounds, max(1, c.iters // 5))
+  fast, inv = (float(np.min(times[m])) for m in NUMERICS)
+  print(f"update forward and backward, {c.update_rows} x {c.update_len} tokens: fast {fast:.3f} s, "
+        f"invariant {inv:.3f} s ({inv / fast:.2f}x)")
+  print(json.dumps({"model": c.model, "dtype": c.dtype, "steps": steps,
+                    "update_fast_s": round(fast, 4), "update_invariant_s": round(inv, 4),
+                    "update_ratio": round(inv / fast, 3)}))
+
+
+if __name__ == "__main__":
+  launch.run(main)

@@ -1,0 +1,85 @@
+"""Invariant numerics: a position's logits and hidden states are bitwise the same in every call
+that computes them (exact `==`, float32 and bfloat16, CPU)."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from tests.conftest import jit_forward, small_config
+from tlt_jax.drafter.warmup import target_fingerprint
+from tlt_jax.models import init_model
+from tlt_jax.models import kv_cache as kvc
+
+ROWS, LENGTH = 8, 24
+_cached_call = nnx.jit(lambda model, tokens, cache: model(tokens, cache))
+
+
+def _model(dtype: str, numerics: str):
+  # 5 query heads over 1 kv head: a decode step's attention has 5 query rows, a verify of 4 has 20
+  return init_model(small_config(n_heads=4, n_kv_heads=1, dtype=dtype, numerics=numerics,
+                                 max_seq_len=96), seed=0)
+
+
+def _tokens(cfg):
+  return np.random.default_rng(0).integers(0, cfg.vocab_size, (ROWS, LENGTH))
+
+
+def _cached(model, tokens, rows, chunks, slots=96):
+  """Logits and hidden states of `tokens[rows]` fed to a cache `chunks` tokens at a time (a
+  prefill, then decode steps and chain verifies), each chunk committed whole."""
+  cache = kvc.init_cache(model.cfg, len(rows), slots)
+  logits, hidden, at = [], [], 0
+  for n in chunks:
+    out = _cached_call(model, jnp.asarray(tokens[rows, at:at + n]), cache)
+    cache = kvc.commit(out.cache, jnp.full((len(rows),), n))
+    logits.append(np.asarray(out.logits_BxTxV))
+    hidden.append(np.asarray(out.hidden_BxTxD))
+    at += n
+  return np.concatenate(logits, axis=1), np.concatenate(hidden, axis=1)
+
+
+# (rows, chunks): prefill then decode steps, alone and among 7 other rows; verifies of 4 and 9;
+# another prefill length, another row count and a cache of another size.
+CALLS = [(list(range(ROWS)), [8] + [1] * 16, 96), ([3], [8] + [1] * 16, 96),
+         (list(range(ROWS)), [8, 4, 4, 4, 4], 96), ([0, 5, 6], [6, 9, 1, 4, 4], 96),
+         ([2, 7], [24], 40)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_position_is_computed_alike_by_every_call(dtype):
+  model = _model(dtype, "invariant")
+  tokens = _tokens(model.cfg)
+  full = jit_forward(model, jnp.asarray(tokens))
+  want_logits, want_hidden = np.asarray(full.logits_BxTxV), np.asarray(full.hidden_BxTxD)
+  alone = jit_forward(model, jnp.asarray(tokens[4:5]))
+  np.testing.assert_array_equal(np.asarray(alone.logits_BxTxV), want_logits[4:5])
+  for rows, chunks, slots in CALLS:
+    logits, hidden = _cached(model, tokens, rows, chunks, slots)
+    np.testing.assert_array_equal(logits, want_logits[rows], err_msg=f"{rows} {chunks}")
+    np.testing.assert_array_equal(hidden, want_hidden[rows], err_msg=f"{rows} {chunks}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fast_numerics_differ_by_rounding_only_and_the_test_above_would_see_it(dtype):
+  """Decode steps in "fast" numerics: close to the full forward (rounding), not bitwise equal, so
+  the exact test above has the power to fail."""
+  model = _model(dtype, "fast")
+  tokens = _tokens(model.cfg)
+  want = np.asarray(jit_forward(model, jnp.asarray(tokens)).logits_BxTxV)
+  differ = 0
+  for rows, chunks, slots in CALLS[:2]:
+    logits, _ = _cached(model, tokens, rows, chunks, slots)
+    np.testing.assert_allclose(logits, want[rows], atol=0.05 if dtype == "bfloat16" else 1e-5)
+    differ += int(not np.array_equal(logits, want[rows]))
+  assert differ > 0
+
+
+def test_invariant_numerics_are_the_same_model():
+  """Invariant and fast numerics compute the same function (float32 logits within rounding) and
+  are the same policy to a drafter's key."""
+  fast, inv = _model("float32", "fast"), _model("float32", "invariant")
+  assert target_fingerprint(fast) == target_fingerprint(inv)
+  tokens = jnp.asarray(_tokens(fast.cfg))
+  np.testing.assert_allclose(np.asarray(jit_forward(inv, tokens).logits_BxTxV),
+                             np.asarray(jit_forward(fast, tokens).logits_BxTxV), atol=1e-5)

@@ -1,0 +1,148 @@
+"""The "invariant" numerics mode (`ModelConfig.numerics`): a position's hidden states and logits
+are bitwise the same whatever call computes them: a decode step of any number of rows, a chain
+verify of T tokens, a prefill, the full forward over whole sequences.
+
+XLA chooses how a reduction runs by the shape of the operation that holds it: on CPU a product of
+one row takes another kernel than one of two, one of 64 rows splits its contraction otherwise than
+one of 16, a fused reduce vectorises by its output's shape; on a GPU cuBLAS picks algorithms and
+split-K by shape. So here no reduction's shape depends on the call:
+- every row-wise step (the norms, the projections, RoPE, the MLP, the head) runs over tiles of
+  `ROW_TILE` rows, one loop body of one shape (`lax.map`) whatever the number of rows;
+- attention reads the keys in blocks of `KEY_BLOCK` slots. Scores and weighted values are
+  batched products whose batch is (row, kv head, block) and whose every element has the
+  contraction of one head (scores) or one block (values), at least two query rows: each element
+  runs alike whatever the batch and the number of query rows (tests/models/test_invariant.py
+  holds XLA to it). The softmax's maximum is exact in any order; its sum rides along as a column
+  of ones beside the values; the blocks' partial sums are added one after another in slot order,
+  so the blocks a query does not see (past its position, or past a shorter call's last slot) add
+  exact zeros.
+A key's slot is its position in a chain (decode, chain verify, prefill, the trainer's full
+forward over left-aligned sequences), so a query meets the same keys in the same blocks in every
+call. A tree verify writes a node at its index among the tree's nodes, not at its depth: trees
+are not invariant. Nor is tensor parallelism across layouts (a split contraction's partial sums
+add in another order).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from tlt_jax.models import kv_cache as kvc
+
+ROW_TILE = 16   # rows of each row-wise loop step
+KEY_BLOCK = 64  # key slots of each attention block
+EXP_TILE = 512  # blocks of scores per step of the softmax's exponentials
+_NEG = -1e30    # a score no query sees (finite: the masked terms' gradients stay finite)
+
+
+def row_map(fn, *arrays_R, tile: int = ROW_TILE):
+  """`fn` over tiles of `tile` rows of arrays with R leading rows, in a loop of at least two
+  steps (zero rows pad the last tile, and make a second where one would do; they are cut off
+  again); `fn` maps tiles `[tile, ...]` to a pytree of them. A loop of one step would be inlined
+  and its operations fused with what surrounds it, where XLA:CPU may hand them to another library
+  (YNNPACK) by their new shapes, whose exponential rounds otherwise."""
+  r = arrays_R[0].shape[0]
+  pad = max(-(-r // tile), 2) * tile - r
+  tiles = tuple(jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)).reshape(
+      -1, tile, *a.shape[1:]) for a in arrays_R)
+  out = jax.lax.map(lambda xs: fn(*xs), tiles)
+  return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:])[:r], out)
+
+
+def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, visible_BxTxS) -> jax.Array:
+  """Grouped-query softmax attention of T queries over S key slots as `visible_BxTxS` allows,
+  in an order fixed per output element (the module docstring); the result `[B, T, N, H]` in the
+  values' dtype."""
+  b, t, n, h = q_BxTxNxH.shape
+  kh, s = k_BxKxSxH.shape[1], k_BxKxSxH.shape[2]
+  g = n // kh
+  nb = -(-s // KEY_BLOCK)
+  pad = nb * KEY_BLOCK - s
+  blocks = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, pad), (0, 0)]).reshape(
+      b, kh, nb, KEY_BLOCK, x.shape[-1])
+  # Query rows of kv head k: its G heads, each over the T tokens; at least two rows (a product
+  # of one row takes another kernel).
+  q_BxKxMxH = q_BxTxNxH.reshape(b, t, kh, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, h)
+  m_rows = max(g * t, 2)
+  q_BxKxMxH = jnp.pad(q_BxKxMxH, [(0, 0), (0, 0), (0, m_rows - g * t), (0, 0)])
+  q_BxKxJxMxH = jnp.broadcast_to(q_BxKxMxH[:, :, None], (b, kh, nb, m_rows, h))
+  scores = jax.lax.dot_general(q_BxKxJxMxH, blocks(k_BxKxSxH), (((4,), (4,)), ((0, 1, 2), (0, 1, 2))),
+                               preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(h))
+  vis = jnp.pad(visible_BxTxS, [(0, 0), (0, 0), (0, pad)]).reshape(b, 1, t, nb, KEY_BLOCK)
+  vis = jnp.broadcast_to(vis[:, :, None], (b, 1, g, t, nb, KEY_BLOCK)).reshape(b, 1, g * t, nb,
+                                                                              KEY_BLOCK)
+  vis = jnp.pad(vis, [(0, 0), (0, 0), (0, m_rows - g * t), (0, 0), (0, 0)])
+  vis_BxKxJxMxC = jnp.broadcast_to(vis.transpose(0, 1, 3, 2, 4), scores.shape)
+  scores = jnp.where(vis_BxKxJxMxC, scores, _NEG)
+  top = jnp.broadcast_to(jnp.max(scores, axis=(2, 4), keepdims=True), scores.shape)  # exact
+  # XLA:CPU computes exp otherwise in a vectorised loop and in its scalar remainder, where an
+  # element falls by the array's shape: every exponential in one loop body of one shape.
+  p = row_map(lambda s, m, seen: jnp.where(seen, jnp.exp(s - m), 0.0),
+              *(x.reshape(-1, KEY_BLOCK) for x in (scores, top, vis_BxKxJxMxC)),
+              tile=EXP_TILE).reshape(scores.shape)
+  v_ext = blocks(jnp.concatenate([v_BxKxSxH.astype(jnp.float32),
+                                  jnp.ones((b, kh, s, 1), jnp.float32)], axis=-1))
+  part_BxKxJxMxH1 = jax.lax.dot_general(p, v_ext, (((4,), (3,)), ((0, 1, 2), (0, 1, 2))),
+                                        preferred_element_type=jnp.float32)
+  total = part_BxKxJxMxH1[:, :, 0]
+  for j in range(1, nb):  # in slot order
+    total = total + part_BxKxJxMxH1[:, :, j]
+  # A row's sum is at least 1 (its largest term is exp(0)); the padding rows' 0 divides by 1.
+  out_BxKxMxH = (total[..., :h] / jnp.maximum(total[..., h:], 1.0))[:, :, :g * t]
+  out = out_BxKxMxH.reshape(b, kh, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+  return out.astype(v_BxKxSxH.dtype)
+
+
+def block(block, x_BxTxD, positions_BxT, mask_BxTxT, cache: kvc.KVCache | None, layer: int):
+  """A decoder layer (`transformer.Block`) in invariant numerics. Without a cache the T tokens
+  attend to each other as `mask_BxTxT` allows; with one, to the committed prefix and to each other
+  (the new keys written first, at each row's next slots). Returns the output and, with a cache,
+  the layer's cache arrays holding the new entries (`kv_cache.write_kv`'s), else the new keys and
+  values `[B, T, K, H]`."""
+  b, t, d = x_BxTxD.shape
+
+  def qkv(x_RxD, pos_R):
+    normed = x_RxD if block.input_norm is None else block.input_norm(x_RxD)
+    q, k, v = block.attn.qkv(normed[None], pos_R[None])
+    return q[0], k[0], v[0]
+
+  q, k, v = (a.reshape(b, t, *a.shape[1:])
+             for a in row_map(qkv, x_BxTxD.reshape(b * t, d), positions_BxT.reshape(b * t)))
+  if cache is None:
+    written = (k, v)
+    keys, values, visible = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask_BxTxT
+  else:
+    if cache.impl != "xla":
+      raise ValueError("numerics='invariant' runs the 'xla' attention layout; set the engine's "
+                       "attention to 'xla'.")
+    written = kvc.write_kv(cache, layer, k, v)
+    keys, values = written[0].transpose(0, 1, 3, 2), written[1]  # [B, K, S, H] both
+    s = values.shape[2]
+    slot_S = jnp.arange(s)
+    committed_BxS = slot_S[None, :] < cache.lengths_B[:, None]
+    new_at_BxTxS = slot_S[None, None, :] == (cache.lengths_B[:, None] + jnp.arange(t))[..., None]
+    sees_new = jnp.einsum("bij,bjs->bis", mask_BxTxT.astype(jnp.int32),
+                          new_at_BxTxS.astype(jnp.int32)) > 0
+    visible = committed_BxS[:, None, :] | sees_new
+  attended = attention(q, keys, values, visible)
+
+  def rest(x_RxD, a_RxNxH):
+    x_RxD = x_RxD + block.attn.out(a_RxNxH[None])[0]
+    return x_RxD + block.mlp(block.post_attn_norm(x_RxD))
+
+  out = row_map(rest, x_BxTxD.reshape(b * t, d), attended.reshape(b * t, *attended.shape[2:]))
+  return out.reshape(b, t, d), written
+
+
+def head(model, x_BxTxD):
+  """The final norm and the head, row tile by row tile: hidden states `[B, T, D]` and float32
+  logits `[B, T, V]`."""
+  b, t, d = x_BxTxD.shape
+
+  def fn(x_RxD):
+    hidden = model.final_norm(x_RxD)
+    return hidden, model.head(hidden[None])[0]
+
+  hidden, logits = row_map(fn, x_BxTxD.reshape(b * t, d))
+  return hidden.reshape(b, t, d), logits.reshape(b, t, -1)
