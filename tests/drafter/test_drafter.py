@@ -191,7 +191,7 @@ def test_bf16_chain_speculative_decoding_in_invariant_numerics_equals_plain_deco
   """In invariant numerics a chain verify computes each position as a decode step does
   (`models/invariant.py`), so coupled SD in bfloat16 gives plain decoding's tokens on every row,
   however narrowly a token won, and the same recorded log-probs bit for bit (in fast numerics
-  these part by up to 0.008 nats on this model)."""
+  the logits of a verify and a decode step part: tests/models/test_invariant.py)."""
   target = successor_model("bfloat16", numerics="invariant")
   drafter = _trained_drafter(successor_model())[0]
   params = SamplingParams(temperature=temperature, max_new_tokens=24, stop_tokens=STOPS)
