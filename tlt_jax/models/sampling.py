@@ -17,6 +17,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from tlt_jax.models import invariant
+
 NEG_INF = -jnp.inf
 
 
@@ -46,12 +48,22 @@ class SamplingParams:
     return self.temperature == 0.0
 
 
-def processed_logprobs(logits_xV: jax.Array, params: SamplingParams) -> jax.Array:
+def processed_logprobs(logits_xV: jax.Array, params: SamplingParams,
+                       numerics: str = "fast") -> jax.Array:
   """Log-probs of the processed sampling distribution (temperature, top-k, top-p), float32.
 
   Tokens outside the top-k / top-p support get -inf. At temperature 0 this is the plain
-  log-softmax (greedy decoding takes its argmax).
+  log-softmax (greedy decoding takes its argmax). With the model's `numerics` "invariant" each
+  row is reduced in tiles of one shape (`invariant.row_map`), so a position's log-probs are the
+  same in a decode step, a verify and the trainer's full forward.
   """
+  if numerics == "invariant":
+    flat_RxV = logits_xV.reshape(-1, logits_xV.shape[-1])
+    return invariant.row_map(lambda x: _processed(x, params), flat_RxV).reshape(logits_xV.shape)
+  return _processed(logits_xV, params)
+
+
+def _processed(logits_xV: jax.Array, params: SamplingParams) -> jax.Array:
   logits = logits_xV.astype(jnp.float32)
   if params.greedy:
     return jax.nn.log_softmax(logits, axis=-1)
@@ -110,8 +122,9 @@ def sample_from_logprobs(logp_BxV: jax.Array, params: SamplingParams, key: jax.A
 
 
 def sample(logits_BxV: jax.Array, params: SamplingParams, key: jax.Array, sample_ids_B: jax.Array,
-           positions_B: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Samples one token per row; returns `(tokens_B, logprob_B)` under the processed distribution."""
-  logp_BxV = processed_logprobs(logits_BxV, params)
+           positions_B: jax.Array, numerics: str = "fast") -> tuple[jax.Array, jax.Array]:
+  """Samples one token per row; returns `(tokens_B, logprob_B)` under the processed distribution
+  (`numerics`: the model's, as `processed_logprobs` takes it)."""
+  logp_BxV = processed_logprobs(logits_BxV, params, numerics)
   tokens_B = sample_from_logprobs(logp_BxV, params, key, sample_ids_B, positions_B)
   return tokens_B, jnp.take_along_axis(logp_BxV, tokens_B[:, None], axis=-1)[:, 0]

@@ -89,7 +89,7 @@ def token_logprobs(model, tokens_RxL: jax.Array, prompt_len_R: jax.Array, n: int
   per-token entropy of that distribution. Row r's response starts at `prompt_len_R[r]`;
   `remat`: what the backward pass keeps of each layer (`transformer.REMAT_POLICIES`)."""
   logits = model(tokens_RxL[:, :-1], remat=remat).logits_BxTxV
-  logp_all = processed_logprobs(logits, params)
+  logp_all = processed_logprobs(logits, params, model.cfg.numerics)
   idx_RxN = prompt_len_R[:, None] - 1 + jnp.arange(n)[None, :]
   idx_RxN = jnp.clip(idx_RxN, 0, logits.shape[1] - 1)
   logp_RxNxV = jnp.take_along_axis(logp_all, idx_RxN[:, :, None], axis=1)

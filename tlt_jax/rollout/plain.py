@@ -69,7 +69,8 @@ def _generate(graphdef, state, prompts_BxP, lens_B, key, sample_ids_B, *, params
 
   def body(carry):
     t, logits_BxV, cache, toks_BxN, logp_BxN, done_B, len_B = carry
-    tok_B, lp_B = sample(logits_BxV, params, key, sample_ids_B, jnp.full((b,), t))
+    tok_B, lp_B = sample(logits_BxV, params, key, sample_ids_B, jnp.full((b,), t),
+                        model.cfg.numerics)
     tok_B = jnp.where(done_B, pad_id, tok_B)
     toks_BxN = toks_BxN.at[:, t].set(tok_B)
     logp_BxN = logp_BxN.at[:, t].set(jnp.where(done_B, 0.0, lp_B))

@@ -34,7 +34,7 @@ def spec_step(model, drafter: DraftModel | None, st: DecodeState, params: Sampli
         model, st.draft, st.tokens_BxN, st.captured.hidden_BxNxD, st.captured.prompt_hidden_BxD,
         st.done_B, st.t_B))
   live_B = ~st.done_B
-  s0_B, lp0_B = next_token(st, params, key)
+  s0_B, lp0_B = next_token(st, params, key, model.cfg.numerics)
   s0_B = jnp.where(live_B, s0_B, pad_id)
   drafts = proposer.draft(model, drafter, st, s0_B, strategy, params, key, rule, live_B)
   if proposer.tree:
@@ -51,7 +51,7 @@ def replay_step(model, drafter: DraftModel | None, st: DecodeState, params: Samp
   drafter follows the kept tokens unless `follow` is off (lazy following: it catches up from the
   captured hidden states when it next drafts)."""
   live_B = ~st.done_B
-  s0_B, lp0_B = next_token(st, params, key)
+  s0_B, lp0_B = next_token(st, params, key, model.cfg.numerics)
   s0_B = jnp.where(live_B, s0_B, pad_id)
   new = _chain_step(model, drafter, st, s0_B, lp0_B, replay_drafts(st, s0_B, chunk), params, key,
                     stop_ids, n, pad_id, rule="coupled", follow=follow)
@@ -72,7 +72,8 @@ def _chain_step(model, drafter: DraftModel | None, st: DecodeState, s0_B, lp0_B,
 
   inputs_BxM = jnp.concatenate([s0_B[:, None], drafts_BxK], axis=1)
   out = model(inputs_BxM, st.cache, return_layers=needs_layers(drafter))
-  logp_BxKxV = processed_logprobs(out.logits_BxTxV[:, :k], params)  # p_1 .. p_k
+  # p_1 .. p_k
+  logp_BxKxV = processed_logprobs(out.logits_BxTxV[:, :k], params, model.cfg.numerics)
   if rule == "coupled" or params.greedy:
     n_acc_B, forced_B = verify.verify_chain_coupled(
         logp_BxKxV, jnp.where(valid_BxK, drafts_BxK, -1), key, st.address_BxW, st.t_B,
@@ -116,7 +117,7 @@ def _tree_step(model, drafter: DraftModel | None, st: DecodeState, s0_B, lp0_B,
                                            drafts.draft)
   out = model(tokens_BxE, st.cache, depth_T=depth_BxE, tree_mask_TxT=mask_BxExE,
               return_layers=needs_layers(drafter))
-  logp_BxExV = processed_logprobs(out.logits_BxTxV, params)
+  logp_BxExV = processed_logprobs(out.logits_BxTxV, params, model.cfg.numerics)
   if q_BxExV is None:  # coupled and greedy walks never read q
     q_BxExV = jnp.zeros((b, tokens_BxE.shape[1], 1), jnp.float32)
   path_BxM, n_acc_B, forced_B = verify.verify_tree(

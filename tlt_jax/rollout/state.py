@@ -102,9 +102,11 @@ def empty_state(cfg, b: int, layout, pad_id: int, drafter: DraftModel | None = N
       replay=ReplayState.empty(b, n if layout.replay else 0))
 
 
-def next_token(st: DecodeState, params: SamplingParams, key) -> tuple[jax.Array, jax.Array]:
-  """The row's next token (pending, else sampled at its own position) and its log-prob."""
-  logp_BxV = processed_logprobs(st.logits_BxV, params)
+def next_token(st: DecodeState, params: SamplingParams, key,
+               numerics: str) -> tuple[jax.Array, jax.Array]:
+  """The row's next token (pending, else sampled at its own position) and its log-prob, under
+  the target's `numerics`."""
+  logp_BxV = processed_logprobs(st.logits_BxV, params, numerics)
   sampled = sample_from_logprobs(logp_BxV, params, key, st.address_BxW, st.t_B)
   tok_B = jnp.where(st.spec.pending_B >= 0, st.spec.pending_B, sampled)
   return tok_B, jnp.take_along_axis(logp_BxV, tok_B[:, None], axis=1)[:, 0]
@@ -165,7 +167,7 @@ def plain_step(model, drafter, st: DecodeState, params: SamplingParams, key, sto
   """One token per live row: sample, record, feed, commit (and keep the drafter in step, unless
   `follow` is off: lazy following, where `DraftModel.catch_up` feeds it when it is needed)."""
   live_B = ~st.done_B
-  tok_B, lp_B = next_token(st, params, key)
+  tok_B, lp_B = next_token(st, params, key, model.cfg.numerics)
   tok_B = jnp.where(live_B, tok_B, pad_id)
   out = model(tok_B[:, None], st.cache, return_layers=needs_layers(drafter))
   new, keep_B = emit(st, tok_B[:, None], lp_B[:, None], out.hidden_BxTxD, jnp.ones_like(st.t_B),
