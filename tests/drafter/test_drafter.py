@@ -186,9 +186,10 @@ def test_bf16_speculative_decoding_equals_bf16_plain_decoding(temperature):
   assert eng.spec.accept_len() > 1.1
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_bf16_chain_speculative_decoding_in_invariant_numerics_equals_plain_decoding(temperature):
-  """In invariant numerics a chain verify computes each position as a decode step does
+@pytest.mark.parametrize("temperature,arms", [(0.0, EAGLE[:1]), (1.0, EAGLE[:1]), (1.0, TREE[:1])],
+                         ids=["chain-greedy", "chain-T1", "tree-T1"])
+def test_bf16_speculative_decoding_in_invariant_numerics_equals_plain_decoding(temperature, arms):
+  """In invariant numerics a chain or tree verify computes each position as a decode step does
   (`models/invariant.py`), so coupled SD in bfloat16 gives plain decoding's tokens on every row,
   however narrowly a token won, and the same recorded log-probs bit for bit (in fast numerics
   the logits of a verify and a decode step part: tests/models/test_invariant.py)."""
@@ -198,7 +199,7 @@ def test_bf16_chain_speculative_decoding_in_invariant_numerics_equals_plain_deco
   prompts = _prompts(8, seed=5)
   plain, _ = _run(target, params, prompts, 2, key=3)
   sd, eng = _run(target, params, prompts, 2,
-                 SpecConfig(threshold=16, rule="coupled", arms=EAGLE[:1], min_accept_len=0.0),
+                 SpecConfig(threshold=16, rule="coupled", arms=arms, min_accept_len=0.0),
                  drafter, key=3)
   np.testing.assert_array_equal(sd.tokens, plain.tokens)
   np.testing.assert_array_equal(sd.lengths, plain.lengths)

@@ -60,6 +60,51 @@ def test_a_position_is_computed_alike_by_every_call(dtype):
     np.testing.assert_array_equal(hidden, want_hidden[rows], err_msg=f"{rows} {chunks}")
 
 
+# A tree of 7 nodes after a prefix of 62: the path 0 -> 2 -> 4 -> 6 holds the sequence's next
+# four tokens; nodes 1, 3 and 5 are other branches, written between the path's nodes, so node 2
+# (position 63) is written in the second key block (slot 64).
+TREE_PARENTS = [-1, 0, 0, 1, 2, 2, 4]
+TREE_PATH = [0, 2, 4, 6]
+
+
+def _tree_mask_and_depth(parents):
+  n = len(parents)
+  mask, depth = np.zeros((n, n), bool), np.zeros(n, np.int32)
+  for i, p in enumerate(parents):
+    mask[i, i] = True
+    if p >= 0:
+      mask[i] |= mask[p]
+      depth[i] = depth[p] + 1
+  return jnp.asarray(mask), jnp.asarray(depth)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_tree_verify_computes_each_node_as_the_chain_it_ends(dtype):
+  """A tree verify writes its nodes at their index among the tree's nodes, not at their depth;
+  in invariant numerics each node still comes out bitwise as the full forward computes the
+  position it ends, on the path and off it."""
+  model = _model(dtype, "invariant")
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(0, model.cfg.vocab_size, (ROWS, 66))
+  full = jit_forward(model, jnp.asarray(tokens))
+  mask, depth = _tree_mask_and_depth(TREE_PARENTS)
+  nodes = rng.integers(0, model.cfg.vocab_size, (ROWS, len(TREE_PARENTS)))
+  nodes[:, TREE_PATH] = tokens[:, 62:]
+  cache = kvc.init_cache(model.cfg, ROWS, 96)
+  cache = kvc.commit(_cached_call(model, jnp.asarray(tokens[:, :62]), cache).cache,
+                     jnp.full((ROWS,), 62))
+  out = nnx.jit(lambda m, x, c: m(x, c, depth_T=depth, tree_mask_TxT=mask))(
+      model, jnp.asarray(nodes), cache)
+  np.testing.assert_array_equal(np.asarray(out.logits_BxTxV)[:, TREE_PATH],
+                                np.asarray(full.logits_BxTxV)[:, 62:])
+  np.testing.assert_array_equal(np.asarray(out.hidden_BxTxD)[:, TREE_PATH],
+                                np.asarray(full.hidden_BxTxD)[:, 62:])
+  # node 3 ends the chain tokens[:62], nodes[0], nodes[1], nodes[3]
+  branch = np.concatenate([tokens[:, :62], nodes[:, [0, 1, 3]]], axis=1)
+  np.testing.assert_array_equal(np.asarray(out.logits_BxTxV)[:, 3],
+                                np.asarray(jit_forward(model, jnp.asarray(branch)).logits_BxTxV)[:, -1])
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fast_numerics_differ_by_rounding_only_and_the_test_above_would_see_it(dtype):
   """Decode steps in "fast" numerics: close to the full forward (rounding), not bitwise equal, so

@@ -18,9 +18,9 @@ split-K by shape. So here no reduction's shape depends on the call:
   exact zeros.
 A key's slot is its position in a chain (decode, chain verify, prefill, the trainer's full
 forward over left-aligned sequences), so a query meets the same keys in the same blocks in every
-call. A tree verify writes a node at its index among the tree's nodes, not at its depth: trees
-are not invariant. Nor is tensor parallelism across layouts (a split contraction's partial sums
-add in another order).
+call. A tree verify writes a node at its index among the tree's nodes, so each of its nodes
+attends over a copy of the keys laid out as the chain it ends (`_as_chains`). Tensor parallelism
+across layouts is not invariant (a split contraction's partial sums add in another order).
 """
 
 from __future__ import annotations
@@ -94,12 +94,36 @@ def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, visible_BxTxS) -> jax.Array:
   return out.astype(v_BxKxSxH.dtype)
 
 
-def block(block, x_BxTxD, positions_BxT, mask_BxTxT, cache: kvc.KVCache | None, layer: int):
+def _as_chains(keys_BxKxSxH, values_BxKxSxH, lengths_B, depth_BxT, mask_BxTxT):
+  """A tree's T new tokens (written at slots `lengths + index`) seen as the chains they end: for
+  each token its own keys and values `[B * T, K, S, H]` where the slot `lengths + e` holds its
+  ancestor at depth e, as a chain verify or decode steps would have written it, and what it sees
+  `[B * T, 1, S]` (the prefix and that chain)."""
+  b, t = depth_BxT.shape
+  s = keys_BxKxSxH.shape[2]
+  at_depth = depth_BxT[:, None, :, None] == jnp.arange(t)  # [B, T, T(node), T(depth)]
+  anc_BxTxT = jnp.argmax(mask_BxTxT[..., None] & at_depth, axis=2)  # query, depth -> node
+  e_BxS = jnp.arange(s)[None, :] - lengths_B[:, None]
+  new_BxS = (e_BxS >= 0) & (e_BxS < t)
+  node_BxTxS = jnp.take_along_axis(anc_BxTxT, jnp.broadcast_to(
+      jnp.clip(e_BxS, 0, t - 1)[:, None, :], (b, t, s)), axis=2)
+  src_BxTxS = jnp.where(new_BxS[:, None], lengths_B[:, None, None] + node_BxTxS, jnp.arange(s))
+  gather = lambda x: jnp.take_along_axis(x[:, None], src_BxTxS[:, :, None, :, None], axis=3
+                                         ).reshape(b * t, *x.shape[1:])
+  seen_BxTxS = (e_BxS[:, None, :] < 0) | (new_BxS[:, None] & (e_BxS[:, None, :] <= depth_BxT[
+      ..., None]))
+  return gather(keys_BxKxSxH), gather(values_BxKxSxH), seen_BxTxS.reshape(b * t, 1, s)
+
+
+def block(block, x_BxTxD, positions_BxT, mask_BxTxT, cache: kvc.KVCache | None, layer: int,
+          tree: bool = False):
   """A decoder layer (`transformer.Block`) in invariant numerics. Without a cache the T tokens
   attend to each other as `mask_BxTxT` allows; with one, to the committed prefix and to each other
-  (the new keys written first, at each row's next slots). Returns the output and, with a cache,
-  the layer's cache arrays holding the new entries (`kv_cache.write_kv`'s), else the new keys and
-  values `[B, T, K, H]`."""
+  (the new keys written first, at each row's next slots). With `tree` (a tree verify: tokens at
+  their index, positions by depth), each token attends over the chain it ends, laid out as a chain
+  would be (`_as_chains`), so it is computed as a decode step at its position is. Returns the
+  output and, with a cache, the layer's cache arrays holding the new entries
+  (`kv_cache.write_kv`'s), else the new keys and values `[B, T, K, H]`."""
   b, t, d = x_BxTxD.shape
 
   def qkv(x_RxD, pos_R):
@@ -125,7 +149,11 @@ def block(block, x_BxTxD, positions_BxT, mask_BxTxT, cache: kvc.KVCache | None, 
     sees_new = jnp.einsum("bij,bjs->bis", mask_BxTxT.astype(jnp.int32),
                           new_at_BxTxS.astype(jnp.int32)) > 0
     visible = committed_BxS[:, None, :] | sees_new
-  attended = attention(q, keys, values, visible)
+    if tree:
+      keys, values, visible = _as_chains(keys, values, cache.lengths_B,
+                                         positions_BxT - cache.lengths_B[:, None], mask_BxTxT)
+      q = q.reshape(b * t, 1, *q.shape[2:])
+  attended = attention(q, keys, values, visible).reshape(b, t, *q.shape[2:])
 
   def rest(x_RxD, a_RxNxH):
     x_RxD = x_RxD + block.attn.out(a_RxNxH[None])[0]

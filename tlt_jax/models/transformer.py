@@ -156,7 +156,8 @@ class Transformer(TokenIO):
       if forward is not None:
         x, (k, v) = forward(block, x, positions_BxT, mask_BxTxT)
       elif fixed_order:  # the new keys and values come back written into the cache
-        x, (k, v) = invariant.block(block, x, positions_BxT, mask_BxTxT, cache, i)
+        x, (k, v) = invariant.block(block, x, positions_BxT, mask_BxTxT, cache, i,
+                                    tree=tree_mask_TxT is not None)
       else:
         x, (k, v) = block(x, positions_BxT, mask_BxTxT, context)
       if cache is not None:
