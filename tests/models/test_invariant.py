@@ -101,8 +101,8 @@ def test_a_tree_verify_computes_each_node_as_the_chain_it_ends(dtype):
                                 np.asarray(full.hidden_BxTxD)[:, 62:])
   # node 3 ends the chain tokens[:62], nodes[0], nodes[1], nodes[3]
   branch = np.concatenate([tokens[:, :62], nodes[:, [0, 1, 3]]], axis=1)
-  np.testing.assert_array_equal(np.asarray(out.logits_BxTxV)[:, 3],
-                                np.asarray(jit_forward(model, jnp.asarray(branch)).logits_BxTxV)[:, -1])
+  want = np.asarray(jit_forward(model, jnp.asarray(branch)).logits_BxTxV)[:, -1]
+  np.testing.assert_array_equal(np.asarray(out.logits_BxTxV)[:, 3], want)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -67,7 +67,8 @@ def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, visible_BxTxS) -> jax.Array:
   m_rows = max(g * t, 2)
   q_BxKxMxH = jnp.pad(q_BxKxMxH, [(0, 0), (0, 0), (0, m_rows - g * t), (0, 0)])
   q_BxKxJxMxH = jnp.broadcast_to(q_BxKxMxH[:, :, None], (b, kh, nb, m_rows, h))
-  scores = jax.lax.dot_general(q_BxKxJxMxH, blocks(k_BxKxSxH), (((4,), (4,)), ((0, 1, 2), (0, 1, 2))),
+  scores = jax.lax.dot_general(q_BxKxJxMxH, blocks(k_BxKxSxH),
+                               (((4,), (4,)), ((0, 1, 2), (0, 1, 2))),
                                preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(h))
   vis = jnp.pad(visible_BxTxS, [(0, 0), (0, 0), (0, pad)]).reshape(b, 1, t, nb, KEY_BLOCK)
   vis = jnp.broadcast_to(vis[:, :, None], (b, 1, g, t, nb, KEY_BLOCK)).reshape(b, 1, g * t, nb,
