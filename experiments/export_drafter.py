@@ -1,4 +1,5 @@
-"""Exports a drafter in the EAGLE-1 layout that vLLM and SGLang serve beside its policy.
+"""Exports a drafter in the layout that vLLM and SGLang serve beside its policy: EAGLE-1, or for
+an "eagle3" drafter EAGLE-3 in the `speculators` format (`--format`: the drafter's own by default).
 
   python -m experiments.export_drafter --drafter=smollm2 --model=smollm2 --out=/tmp/smollm2_eagle
 
@@ -13,7 +14,7 @@ printed, one line each (tlt_jax/drafter/serving.py).
 from absl import app, flags
 
 from experiments import launch
-from tlt_jax.drafter.serving import FORMATS, export_drafter
+from tlt_jax.drafter.serving import FORMATS, default_format, export_drafter
 from tlt_jax.drafter.warmup import load_any_drafter, resolve_drafter
 from tlt_jax.errors import ConfigError
 from tlt_jax.models.pretrained import load_pretrained
@@ -23,7 +24,8 @@ _DRAFTER = flags.DEFINE_string("drafter", None, "A shipped drafter's name or an 
 _MODEL = flags.DEFINE_string("model", "smollm2", "The policy it drafts for: a preset, an HF "
                              "folder or a .gguf file.")
 _OUT = flags.DEFINE_string("out", None, "The folder to write.", required=True)
-_FORMAT = flags.DEFINE_enum("format", "eagle", FORMATS, "The serving layout.")
+_FORMAT = flags.DEFINE_enum("format", None, FORMATS, "The serving layout (default: the one "
+                            "that holds the drafter: speculators for 'eagle3', else eagle).")
 
 
 def main(argv):
@@ -34,9 +36,14 @@ def main(argv):
     drafter, _ = load_any_drafter(resolve_drafter(_DRAFTER.value), model)
   except (FileNotFoundError, ValueError) as e:
     raise ConfigError(f"--drafter={_DRAFTER.value}: {e}") from None
-  for note in export_drafter(drafter, _OUT.value, _FORMAT.value):
+  fmt = _FORMAT.value or default_format(drafter)
+  try:
+    notes = export_drafter(drafter, _OUT.value, fmt, target=model)
+  except ValueError as e:
+    raise ConfigError(f"--format={fmt}: {e}") from None
+  for note in notes:
     print(f"[export] note: {note}.")
-  print(f"[export] {_FORMAT.value} drafter written to {_OUT.value} (README.md: how to serve it)")
+  print(f"[export] {fmt} drafter written to {_OUT.value} (README.md: how to serve it)")
 
 
 if __name__ == "__main__":

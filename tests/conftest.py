@@ -7,6 +7,8 @@ import sys
 
 # CPU unless the caller names a platform (`make test-gpu` sets JAX_PLATFORMS=cuda).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Nothing downloads in the tests: Hugging Face libraries read local folders only, at once.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # One persistent compilation cache for the whole suite, shared with the launchers the tests start
 # (they inherit the environment) and between `make test` and `make test-slow`: many tests and

@@ -104,10 +104,11 @@ def _run(model, params, prompts, g, spec=None, drafter=None, key=0, follow="lazy
 @pytest.mark.parametrize("trained,layers,arms,architecture", [
     (False, (), EAGLE, "tlt"), (True, (), EAGLE, "tlt"), (True, (0, 1, 2), EAGLE, "tlt"),
     (False, (), TREE, "tlt"), (True, (), TREE, "tlt"), (True, (0, 1, 2), TREE, "tlt"),
-    (True, (), EAGLE, "eagle")])
+    (True, (), EAGLE, "eagle"), (True, (0, 1, 2), TREE, "eagle3")])
 def test_eagle_greedy_equals_plain_greedy(trained, layers, arms, architecture):
-  """Untrained and trained drafters, EAGLE-3 fused features, chains and trees, and the EAGLE-1
-  layout vLLM serves (`architecture="eagle"`, which learns more slowly here: 150 steps)."""
+  """Untrained and trained drafters, EAGLE-3 fused features, chains and trees, the EAGLE-1
+  layout vLLM serves (`architecture="eagle"`, which learns more slowly here: 150 steps) and the
+  EAGLE-3 layout of `speculators` (`architecture="eagle3"`)."""
   target = peaked_model()
   drafter = (_trained_drafter(target, layers, 150 if architecture == "eagle" else 60,
                               architecture=architecture)[0] if trained

@@ -37,7 +37,7 @@ from tlt_jax.drafter.buffer import BufferConfig, DataBuffer
 from tlt_jax.drafter.publish import DrafterPublisher, PublishConfig
 from tlt_jax.drafter.spot import SpotConfig, SpotTrainer
 from tlt_jax.drafter.train import DrafterTrainConfig, DrafterTrainer
-from tlt_jax.drafter.serving import export_drafter
+from tlt_jax.drafter.serving import export_drafter, serving_folder
 from tlt_jax.drafter.warmup import save_drafter
 from tlt_jax.hashing import content_digest
 from tlt_jax.rollout.port import DrafterPort
@@ -201,12 +201,15 @@ class AdaptiveDrafter:
     """The published drafter (what the engine uses)."""
     return nnx.merge(self.spot.trainer.graphdef, self.in_use)
 
-  def export(self, directory: str, meta: dict | None = None) -> str:
+  def export(self, directory: str, target, meta: dict | None = None) -> str:
     """Saves the published drafter under `directory/drafter` (what `generate --drafter` loads)
-    and in the EAGLE-1 layout vLLM and SGLang serve under `directory/drafter_eagle` (its README
-    says how, and what the served drafter does otherwise)."""
-    path = os.path.join(directory, "drafter")
+    and in the serving layout that holds it (EAGLE-1, or speculators' EAGLE-3 for an "eagle3"
+    drafter of `target`, exported beside it as `directory/policy`) under
+    `directory/<serving_folder>` (its README says how to serve it, and what the served drafter
+    does otherwise); returns that folder's name."""
     drafter = self.drafter()
-    save_drafter(drafter, path, {"version": self.publisher.version, **(meta or {})})
-    export_drafter(drafter, os.path.join(directory, "drafter_eagle"))
-    return path
+    save_drafter(drafter, os.path.join(directory, "drafter"),
+                 {"version": self.publisher.version, **(meta or {})})
+    export_drafter(drafter, os.path.join(directory, serving_folder(drafter)), target=target,
+                   verifier=os.path.abspath(os.path.join(directory, "policy")))
+    return serving_folder(drafter)

@@ -78,7 +78,7 @@ def draft_chain(drafter: Drafter, target, dcache: kvc.KVCache, s0_B, feat_BxF, k
   b = s0_B.shape[0]
   # The feature fed is carried in the dtype the drafter's input layer computes in: the target's
   # feature and the drafter's own output may differ in dtype, and the layer casts either.
-  as_input = lambda h: h.astype(drafter.fc.dtype or h.dtype)
+  as_input = lambda h: h.astype(drafter.input_dtype or h.dtype)
 
   def step(carry, j):
     cache, tok_B, h = carry

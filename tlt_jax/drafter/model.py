@@ -1,9 +1,14 @@
 """EAGLE-style drafter: one decoder layer over `fc(concat(embed(x_{t+1}), features_t))`.
 
-Two layouts (`DrafterConfig.architecture`): "tlt", `fc` with a bias, then a whole pre-norm decoder
-layer, then an output RMSNorm before the head; "eagle", exactly the EAGLE-1 drafter that vLLM
-(`model_executor/models/llama_eagle.py`) and SGLang serve: `fc` without a bias, the layer's input
-norm skipped (attention reads `fc`'s output), no output norm (the head reads the layer's output).
+Three layouts (`DrafterConfig.architecture`): "tlt", `fc` with a bias, then a whole pre-norm
+decoder layer, then an output RMSNorm before the head; "eagle", exactly the EAGLE-1 drafter that
+vLLM (`model_executor/models/llama_eagle.py`) and SGLang serve: `fc` without a bias, the layer's
+input norm skipped (attention reads `fc`'s output), no output norm (the head reads the layer's
+output); "eagle3", exactly the EAGLE-3 drafter of the `speculators` library (its `Eagle3DraftModel`,
+which vLLM serves): the fused target layers projected by `fc` (no bias; ours `feat_proj`), a
+midlayer whose attention reads the normed embedding beside the normed feature (2D wide) and whose
+residual is the feature, and a normed head over the draft vocabulary; deeper steps read the
+midlayer's output before that norm (`Eagle3Layer`).
 
 `features_t` is the target's final hidden state at position t (EAGLE), or, for the EAGLE-3-style
 variant, the concatenation of the target's hidden states at several layers (`feature_layers`,
@@ -22,15 +27,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tlt_jax.kernels.attention import to_cache_layout
+from tlt_jax.kernels.attention import attention, to_cache_layout
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.kv_cache import KVCache, init_cache
-from tlt_jax.models.layers import RMSNorm
+from tlt_jax.models.layers import MLP, Attention, RMSNorm
 from tlt_jax.models.transformer import Block
 
 
-ARCHITECTURES = ("tlt", "eagle")
+ARCHITECTURES = ("tlt", "eagle", "eagle3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +61,7 @@ class DrafterConfig:
   """
 
   feature_layers: tuple[int, ...] = ()
-  architecture: str = "tlt"      # "tlt" | "eagle" (EAGLE-1 as vLLM and SGLang serve it)
+  architecture: str = "tlt"      # "tlt" | "eagle" (EAGLE-1, vLLM / SGLang) | "eagle3" (speculators)
   smooth_l1_weight: float = 1.0  # the loss on the predicted next feature
   ce_weight: float = 0.1         # the loss on the next token (soft labels)
   draft_vocab: int = 0
@@ -73,6 +78,9 @@ class DrafterConfig:
     if self.architecture == "eagle" and self.feature_layers:
       raise ValueError("The 'eagle' (EAGLE-1) architecture reads the target's final hidden state: "
                        "leave feature_layers empty.")
+    if self.architecture == "eagle3" and not self.feature_layers:
+      raise ValueError("The 'eagle3' architecture reads fused target layers: set feature_layers "
+                       "(EAGLE-3 takes three, low, middle and high).")
     if self.unroll_steps < 1:
       raise ValueError(f"unroll_steps must be >= 1 (1: teacher-forced only), got "
                        f"{self.unroll_steps}.")
@@ -107,6 +115,29 @@ def layer_config(target: ModelConfig) -> ModelConfig:
   return target.replace(n_layers=1)
 
 
+class Eagle3Layer(nnx.Module):
+  """EAGLE-3's midlayer (speculators' `Eagle3FirstLayerMixin` over a Llama or Qwen3 layer): q, k
+  and v projected from `[input_norm(embedding), hidden_norm(feature)]` (2D wide), the attended
+  values added to the feature as it came, then the SwiGLU block. Attribute names as `Block`'s, so
+  the Hugging Face names map alike (`weights.hf_param_table`)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    pd = jnp.dtype(cfg.param_dtype)
+    self.input_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
+    self.hidden_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
+    self.attn = Attention(cfg, rngs=rngs, in_features=2 * cfg.d_model)
+    self.post_attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, emb_BxTxD, h_BxTxD, positions_BxT, mask_BxTxT, context=()):
+    """The layer on T (embedding, feature) pairs, attending as `Block` does; returns the output
+    and the new keys and values."""
+    pair = jnp.concatenate([self.input_norm(emb_BxTxD), self.hidden_norm(h_BxTxD)], axis=-1)
+    q, k, v = self.attn.qkv(pair, positions_BxT)
+    x_BxTxD = h_BxTxD + self.attn.out(attention(q, k, v, mask_BxTxT, context))
+    return x_BxTxD + self.mlp(self.post_attn_norm(x_BxTxD)), (k, v)
+
+
 class Drafter(nnx.Module):
   """The EAGLE drafter: one decoder layer over `fc(concat(embed(x_{t+1}), h_t))` (or EAGLE-3's
   fused features of several target layers), drafting with the target's frozen embedding and
@@ -122,21 +153,28 @@ class Drafter(nnx.Module):
     # draft steps can feed the drafter's own D-wide output in their place.
     self.feat_proj = (nnx.Linear(cfg.n_features() * d, d, use_bias=False, **kw)
                       if cfg.feature_layers else None)
-    tlt = cfg.architecture == "tlt"
-    self.fc = nnx.Linear(2 * d, d, use_bias=tlt, **kw)
-    self.layer = Block(lc, rngs=rngs, input_norm=tlt)
-    self.norm = RMSNorm(d, target.norm_eps, param_dtype=jnp.dtype(target.param_dtype)) if tlt \
-        else None
+    tlt, eagle3 = cfg.architecture == "tlt", cfg.architecture == "eagle3"
+    self.fc = None if eagle3 else nnx.Linear(2 * d, d, use_bias=tlt, **kw)
+    self.layer = Eagle3Layer(lc, rngs=rngs) if eagle3 else Block(lc, rngs=rngs, input_norm=tlt)
+    self.norm = (RMSNorm(d, target.norm_eps, param_dtype=jnp.dtype(target.param_dtype))
+                 if tlt or eagle3 else None)
 
   @property
   def restricted(self) -> bool:
     """Whether the draft head covers a restricted vocabulary (`vocab_ids`)."""
     return bool(self.cfg.vocab_ids)
 
+  @property
+  def input_dtype(self):
+    """The dtype the drafter's input layer computes in (None: its inputs')."""
+    return self.layer.attn.qkv_proj.dtype if self.fc is None else self.fc.dtype
+
   def logits(self, target, g_BxTxD) -> jax.Array:
     """Draft logits `[B, T, R]` over the draft vocabulary (R = V unless restricted), through the
-    target's own head."""
+    target's own head ("eagle3": after the output norm, which its `g` has not had)."""
     rows_R = jnp.asarray(self.cfg.vocab_ids, jnp.int32) if self.restricted else None
+    if self.cfg.architecture == "eagle3":
+      g_BxTxD = self.norm(g_BxTxD)
     return target.head(g_BxTxD, rows_R)
 
   def token_ids(self, idx):
@@ -165,14 +203,13 @@ class Drafter(nnx.Module):
     tokens' embeddings and the previous positions' D-wide features."""
     if cache is None:
       return self.teacher_step(tok_emb_BxTxD, h_BxTxD)[0], None
-    x = self.fc(jnp.concatenate([tok_emb_BxTxD, h_BxTxD], axis=-1))
-    b, t, _ = x.shape
+    b, t, _ = h_BxTxD.shape
     depth_T = jnp.arange(t) if depth_T is None else depth_T
     depth_BxT = depth_T if depth_T.ndim == 2 else depth_T[None, :]  # per-row trees
     positions = cache.lengths_B[:, None] + depth_BxT
     over_B = kvc.check_write(cache, t)
-    x, (k, v) = self.layer(x, positions, kvc.new_tokens_mask(b, t, tree_mask_TxT),
-                           cache.prefix(0))
+    x, (k, v) = self._layer(tok_emb_BxTxD, h_BxTxD, positions,
+                            kvc.new_tokens_mask(b, t, tree_mask_TxT), cache.prefix(0))
     k_all, v_all = kvc.write_kv(cache, 0, k, v)
     cache = cache.replace(k=(k_all,), v=(v_all,), overflow_B=cache.overflow_B | over_B)
     return self.output(x), cache
@@ -188,18 +225,26 @@ class Drafter(nnx.Module):
     2 .. depth - 1 at index t alone (the rest of `context`) and to itself. Returns `g` and this
     depth's keys and values in the cache layout, which extend `context` for the next depth.
     """
-    x = self.fc(jnp.concatenate([tok_emb_BxTxD, h_BxTxD], axis=-1))
-    b, t, _ = x.shape
+    b, t, _ = h_BxTxD.shape
     positions = jnp.broadcast_to(jnp.arange(t) + depth - 1, (b, t))
     causal = kvc.new_tokens_mask(b, t, None)
     own = jnp.broadcast_to(jnp.eye(t, dtype=bool), (b, t, t))
     segments = tuple((k, v, causal if i == 0 else own) for i, (k, v) in enumerate(context))
-    x, (k, v) = self.layer(x, positions, causal if depth == 1 else own, segments)
+    x, (k, v) = self._layer(tok_emb_BxTxD, h_BxTxD, positions, causal if depth == 1 else own,
+                            segments)
     return self.output(x), to_cache_layout(k, v)
 
+  def _layer(self, tok_emb_BxTxD, h_BxTxD, positions_BxT, mask_BxTxT, context):
+    """The decoder layer on (next token's embedding, feature) pairs."""
+    if self.fc is None:  # EAGLE-3's midlayer reads the pair itself
+      return self.layer(tok_emb_BxTxD, h_BxTxD, positions_BxT, mask_BxTxT, context)
+    x = self.fc(jnp.concatenate([tok_emb_BxTxD, h_BxTxD], axis=-1))
+    return self.layer(x, positions_BxT, mask_BxTxT, context)
+
   def output(self, x_BxTxD) -> jax.Array:
-    """The layer's output as the head reads it: normed ("tlt") or as it is ("eagle")."""
-    return x_BxTxD if self.norm is None else self.norm(x_BxTxD)
+    """The layer's output `g`: normed ("tlt"), or as it is ("eagle"; "eagle3", whose head norms
+    it in `logits`, while deeper steps read it unnormed)."""
+    return self.norm(x_BxTxD) if self.cfg.architecture == "tlt" else x_BxTxD
 
 
 def init_drafter(target: ModelConfig, cfg: DrafterConfig = DrafterConfig(), seed: int = 0

@@ -1,5 +1,7 @@
-"""The EAGLE-1 layout that vLLM and SGLang serve: a drafter exported into it, and a folder in it
-(ours, or a released EAGLE-1 checkpoint in safetensors) imported as an "eagle" drafter.
+"""The serving layouts: EAGLE-1 as vLLM and SGLang serve it (a drafter exported into it, and a
+folder in it, ours or a released EAGLE-1 checkpoint in safetensors, imported as an "eagle"
+drafter), and EAGLE-3 in the `speculators` format that `vllm serve` loads (an "eagle3" drafter
+exported, `speculators_tensors`).
 
 The folder holds `config.json` (a one-layer model of the target's family and sizes, in the
 Hugging Face rotate-half RoPE layout), `model.safetensors` (`fc.weight`, `fc.bias`, `layers.0.*`
@@ -16,6 +18,14 @@ cannot hold (the served drafter drafts over the policy's whole head).
 An imported folder is read as vLLM reads it: `fc.bias` and a layer-0 `input_layernorm`, which
 vLLM's EAGLE-1 skips, are left out, each said in one line; a folder whose sizes
 differ from the policy's, or in another layout (EAGLE-3), is one line naming what does not fit.
+
+The `speculators` folder of an "eagle3" drafter holds what the library's `Eagle3DraftModel` saves:
+`fc.weight` (our `feat_proj`, over the fused target layers), the midlayer `layers.0.*` with its
+`hidden_norm`, `norm.weight`, `lm_head.weight` (the policy's head rows of the draft vocabulary),
+`d2t` (draft index -> target token id minus the index) and `t2d` (which target tokens the draft
+vocabulary holds), `embed_tokens.weight` (the policy's), and a `config.json` in its format
+(`eagle_aux_hidden_state_layer_ids`: the target layers fused, indexed as vLLM indexes them, the
+input of that layer, 0 being the embedding; `transformer_layer_config`: the Llama or Qwen3 layer).
 """
 
 from __future__ import annotations
@@ -33,7 +43,9 @@ from tlt_jax.models import weights
 from tlt_jax.models.pretrained import config_to_hf
 from tlt_jax.paths import as_path, write_safetensors
 
-FORMATS = ("eagle",)
+FORMATS = ("eagle", "speculators")
+# speculators' EAGLE-3 midlayer is a Llama or a Qwen3 layer (its `model_definitions`).
+_SPECULATORS_FAMILIES = ("llama", "qwen3")
 _LAYER = "model.layers.0."
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 # Hugging Face config keys an EAGLE-1 folder must share with the policy, by our config's field.
@@ -126,34 +138,113 @@ def eagle_tensors(drafter: Drafter) -> dict[str, np.ndarray]:
   return weights.permute_qk_rows(out, cfg, to="half") if cfg.rope_layout == "interleaved" else out
 
 
-def export_drafter(drafter: Drafter, directory: str, fmt: str = "eagle") -> list[str]:
-  """Writes the drafter's serving folder into `directory`; returns `differences(drafter)`."""
+def default_format(drafter: Drafter) -> str:
+  """The serving layout that holds `drafter` exactly: speculators' for "eagle3", else EAGLE-1."""
+  return "speculators" if drafter.cfg.architecture == "eagle3" else "eagle"
+
+
+def serving_folder(drafter: Drafter) -> str:
+  """The name a run gives the drafter's serving folder beside its exported policy."""
+  return f"drafter_{'eagle3' if default_format(drafter) == 'speculators' else 'eagle'}"
+
+
+def speculators_tensors(drafter: Drafter, target) -> dict[str, np.ndarray]:
+  """An "eagle3" drafter of `target` in the names, shapes and RoPE layout of speculators'
+  `Eagle3DraftModel` (float32; `d2t` int64, `t2d` bool)."""
+  cfg = layer_config(drafter.target_cfg)
+  layer = weights.export(types.SimpleNamespace(layers=[drafter.layer]), cfg,
+                         keep=lambda n: n.startswith(_LAYER))
+  out = {name[len("model."):]: np.asarray(arr, np.float32) for name, arr in layer.items()}
+  if cfg.rope_layout == "interleaved":
+    out = weights.permute_qk_rows(out, cfg, to="half")
+  v = target.cfg.vocab_size
+  ids = np.asarray(drafter.cfg.vocab_ids or range(v), np.int64)
+  head_VxD = np.asarray(target.embed.embedding[...] if target.cfg.tie_embeddings
+                        else np.asarray(target.lm_head.kernel[...]).T, np.float32)
+  t2d = np.zeros(v, bool)
+  t2d[ids] = True
+  return out | {
+      "fc.weight": np.asarray(drafter.feat_proj.kernel[...], np.float32).T,
+      "layers.0.hidden_norm.weight": np.asarray(drafter.layer.hidden_norm.scale[...], np.float32),
+      "norm.weight": np.asarray(drafter.norm.scale[...], np.float32),
+      "lm_head.weight": np.ascontiguousarray(head_VxD[ids]),
+      "embed_tokens.weight": np.asarray(target.embed.embedding[...], np.float32),
+      "d2t": ids - np.arange(len(ids)), "t2d": t2d}
+
+
+def speculators_config(drafter: Drafter, verifier: str | None, depth: int = 3) -> dict:
+  """The `config.json` speculators writes for an EAGLE-3 drafter of these sizes, whose verifier
+  (the policy, in Hugging Face's layout; the library reads its config) is the folder `verifier`."""
+  layer = config_to_hf(layer_config(drafter.target_cfg).replace(rope_layout="half"), None)
+  if layer["model_type"] not in _SPECULATORS_FAMILIES:
+    raise ValueError(f"speculators' EAGLE-3 has Llama and Qwen3 midlayers, not "
+                     f"{layer['model_type']!r}: export this drafter with --format=eagle.")
+  return {
+      "architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3",
+      "draft_vocab_size": len(drafter.cfg.vocab_ids) or drafter.target_cfg.vocab_size,
+      "eagle_aux_hidden_state_layer_ids": list(drafter.cfg.feature_layers),
+      "norm_before_residual": False, "norm_before_fc": False, "fc_norm": False,
+      "norm_output": False, "embed_requires_grad": False, "target_hidden_size": None,
+      "tie_word_embeddings": False, "transformer_layer_config": layer,
+      "speculators_config": {
+          "algorithm": "eagle3", "default_proposal_method": "greedy",
+          "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": depth,
+                                "accept_tolerance": 0.0, "verifier_accept_k": 1}],
+          "verifier": {"architectures": layer["architectures"], "name_or_path": verifier}},
+      "dtype": "float32"}
+
+
+def export_drafter(drafter: Drafter, directory: str, fmt: str | None = None,
+                   target=None, verifier: str | None = None) -> list[str]:
+  """Writes the drafter's serving folder into `directory` in `fmt` (default `default_format`;
+  "speculators" needs the `target` whose embedding and head it copies, and names the folder
+  `verifier` that holds it in Hugging Face's layout); returns `differences(drafter)`."""
+  fmt = fmt or default_format(drafter)
   if fmt not in FORMATS:
     raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}.")
+  if (fmt == "speculators") != (drafter.cfg.architecture == "eagle3"):
+    raise ValueError(f"an {drafter.cfg.architecture!r} drafter exports as "
+                     f"--format={default_format(drafter)}, not {fmt}.")
   directory = as_path(directory)
   directory.mkdir(parents=True, exist_ok=True)
-  cfg = layer_config(drafter.target_cfg)
-  write_safetensors(eagle_tensors(drafter), directory / WEIGHTS,
-                    metadata={"format": "pt"})
-  config = config_to_hf(cfg.replace(rope_layout="half"), None)
+  if fmt == "speculators":
+    if target is None:
+      raise ValueError("the speculators format holds the policy's embedding and head: pass the "
+                       "policy (target) the drafter drafts for.")
+    config = speculators_config(drafter, verifier)
+    tensors = speculators_tensors(drafter, target)
+  else:
+    config = config_to_hf(layer_config(drafter.target_cfg).replace(rope_layout="half"), None)
+    tensors = eagle_tensors(drafter)
+  write_safetensors(tensors, directory / WEIGHTS, metadata={"format": "pt"})
   config["tlt_jax"] = {"architecture": drafter.cfg.architecture, "format": fmt,
                        "draft_vocab": len(drafter.cfg.vocab_ids)}
   (directory / CONFIG).write_text(json.dumps(config, indent=2))
-  notes = differences(drafter)
-  (directory / "README.md").write_text(_readme(notes))
+  notes = [] if fmt == "speculators" else differences(drafter)
+  (directory / "README.md").write_text(_readme(notes, fmt))
   return notes
 
 
-def _readme(notes: list[str]) -> str:
-  lines = ["# An EAGLE-1 drafter exported by tlt_jax", "",
+_SERVE = {
+    "eagle": ("EAGLE-1", [
+        "vllm serve POLICY --speculative-config "
+        "'{\"method\": \"eagle\", \"model\": \"THIS_FOLDER\", \"num_speculative_tokens\": 3}'",
+        "python -m sglang.launch_server --model-path POLICY --speculative-algorithm EAGLE "
+        "--speculative-draft-model-path THIS_FOLDER --speculative-num-steps 3 "
+        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4"]),
+    "speculators": ("EAGLE-3 (speculators format)", [
+        "vllm serve POLICY --speculative-config "
+        "'{\"method\": \"eagle3\", \"model\": \"THIS_FOLDER\", \"num_speculative_tokens\": 3}'",
+        "python -m sglang.launch_server --model-path POLICY --speculative-algorithm EAGLE3 "
+        "--speculative-draft-model-path THIS_FOLDER --speculative-num-steps 3 "
+        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4"])}
+
+
+def _readme(notes: list[str], fmt: str) -> str:
+  name, commands = _SERVE[fmt]
+  lines = [f"# An {name} drafter exported by tlt_jax", "",
            "Serve it beside the policy it was trained with (POLICY: that policy's folder):", "",
-           "```",
-           "vllm serve POLICY --speculative-config "
-           "'{\"method\": \"eagle\", \"model\": \"THIS_FOLDER\", \"num_speculative_tokens\": 3}'",
-           "python -m sglang.launch_server --model-path POLICY --speculative-algorithm EAGLE "
-           "--speculative-draft-model-path THIS_FOLDER --speculative-num-steps 3 "
-           "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4",
-           "```", ""]
+           "```", *commands, "```", ""]
   if notes:
     lines += ["What the served drafter does otherwise than in tlt_jax:", ""]
     lines += [f"- {n}." for n in notes] + [""]

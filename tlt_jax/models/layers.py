@@ -119,12 +119,14 @@ class Attention(nnx.Module):
   separate q/k/v tensors to and from it (`weights.py`).
   """
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, in_features: int | None = None):
     self.cfg = cfg
     d, h, kh = cfg.d_model, cfg.hd, cfg.n_kv_heads
     g = cfg.n_heads // kh
     pd = jnp.dtype(cfg.param_dtype)
-    (q, qb), (k, kb), (v, vb) = draw_kernels(rngs, d, (cfg.n_heads * h, kh * h, kh * h),
+    # `in_features`: the width q, k and v are projected from, when not D (an EAGLE-3 midlayer's 2D)
+    (q, qb), (k, kb), (v, vb) = draw_kernels(rngs, in_features or d,
+                                             (cfg.n_heads * h, kh * h, kh * h),
                                              cfg.qkv_bias, pd)
     head_major = lambda x_xW, n: x_xW.reshape(*x_xW.shape[:-1], kh, n, h)
     kernel = jnp.concatenate([head_major(q, g), head_major(k, 1), head_major(v, 1)], axis=-2)

@@ -152,5 +152,7 @@ def permute_qk_rows(tensors: dict[str, np.ndarray], cfg: ModelConfig, to: str
       arr = permute_rope_rows(arr, cfg.n_heads, cfg.hd, to=to)
     elif name.endswith(("k_proj.weight", "k_proj.bias")):
       arr = permute_rope_rows(arr, cfg.n_kv_heads, cfg.hd, to=to)
+    elif name.endswith(("q_norm.weight", "k_norm.weight")):  # Qwen3's, one head's features
+      arr = permute_rope_rows(arr, 1, cfg.hd, to=to)
     out[name] = arr
   return out

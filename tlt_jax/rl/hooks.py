@@ -116,20 +116,23 @@ class Export(Hook):
   def at_end(self, trainer, history: list[dict]) -> None:
     """The final export, when the run trained."""
     if history and self.final:
-      directory = self._export(trainer, trainer.out_dir / "export")
+      directory, serving = self._export(trainer, trainer.out_dir / "export")
       if distributed.is_writer():
-        served = " and drafter (drafter_eagle/README.md: serving it in vLLM or SGLang)" if (
-            trainer.adaptive is not None) else ""
+        served = (f" and drafter ({serving}/README.md: serving it in vLLM or SGLang)"
+                  if serving else "")
         print(f"[trainer] exported the final policy{served} to {directory}")
 
   @staticmethod
-  def _export(trainer, directory: epath.Path) -> epath.Path:
+  def _export(trainer, directory: epath.Path) -> tuple[epath.Path, str | None]:
+    """Exports the policy (and the drafter); returns the folder and the drafter's serving
+    folder's name (None without a drafter, or off the writing process)."""
     policy = trainer.updater.local_model()  # every process takes part in gathering it
+    serving = None
     if distributed.is_writer():
       save_pretrained(policy, trainer.w.tokenizer, directory / "policy")
       if trainer.adaptive is not None:
-        trainer.adaptive.export(directory, {"rl_step": trainer.step})
-    return directory
+        serving = trainer.adaptive.export(directory, policy, {"rl_step": trainer.step})
+    return directory, serving
 
 
 class StopSpotTraining(Hook):

@@ -1,0 +1,98 @@
+"""An "eagle3" drafter exported in the `speculators` format is checked against the library that
+defines the format, not against ourselves: speculators' own `Eagle3DraftModel` (the EAGLE-3
+definition vLLM serves) loads the exported folder, and its submodules (`fc`, the midlayer, `norm`,
+`lm_head`, the rotary embedding; its `forward` returns only drafted tokens) give our drafter's
+next-token logits from the same target features and tokens, and the same greedy drafts at depths
+1-3 mapped to target tokens through the folder's `d2t`."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+from speculators.models.eagle3.core import Eagle3DraftModel
+
+from tests.conftest import small_config
+from tests.drafter.test_serving import _perturbed
+from tlt_jax.drafter.model import DrafterConfig, drafter_cache, init_drafter
+from tlt_jax.drafter.serving import export_drafter
+from tlt_jax.models import init_model
+from tlt_jax.models import kv_cache as kvc
+from tlt_jax.models.pretrained import save_pretrained
+
+T = 10  # positions fed before drafting
+
+
+def _pair(family):
+  target = init_model(small_config(rope_layout="interleaved", family=family, n_layers=3), seed=0)
+  ids = tuple(int(i) for i in np.sort(np.random.default_rng(0).choice(53, 24, replace=False)))
+  cfg = DrafterConfig(architecture="eagle3", feature_layers=(1, 2, 3), draft_vocab=24,
+                      vocab_ids=ids)
+  return target, _perturbed(init_drafter(target.cfg, cfg, seed=1), 2)
+
+
+def _library_model(folder):
+  return Eagle3DraftModel.from_pretrained(str(folder)).eval()
+
+
+def _library_logits(model, tokens_T, feats_TxF, drafts=()):
+  """The library's midlayer over the (token, feature) pairs of one sequence, then a draft step
+  for each of `drafts`, each a (drafted token, the step before's output) pair as speculators'
+  forward feeds it; logits over the draft vocabulary at every position."""
+
+  def midlayer(toks, hidden):
+    x = torch.cat([model.embed_tokens(toks), hidden], -1)
+    n = x.shape[1]
+    pos = torch.arange(n)[None]
+    mask = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, n, n, device="cpu")
+    return model.layers[0](x, attention_mask=mask, position_ids=pos,
+                           position_embeddings=model.rotary_emb(x, pos))
+
+  with torch.no_grad():
+    toks, hidden = tokens_T[None], model.fc(feats_TxF[None])
+    out = midlayer(toks, hidden)
+    for tok in drafts:
+      toks, hidden = torch.cat([toks, tok.view(1, 1)], 1), torch.cat([hidden, out[:, -1:]], 1)
+      out = midlayer(toks, hidden)
+    return model.lm_head(model.norm(out))[0]
+
+
+# On CPU flex attention runs its unfused reference (the warning says so): exact, and small here.
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_speculators_loads_an_exported_eagle3_drafter_with_our_logits_and_drafts(tmp_path, family):
+  target, drafter = _pair(family)
+  save_pretrained(target, None, tmp_path / "policy")  # the verifier the library reads
+  folder = tmp_path / "drafter"
+  assert export_drafter(drafter, folder, target=target, verifier=str(tmp_path / "policy")) == []
+  model = _library_model(folder)
+  tokens = jax.random.randint(jax.random.key(3), (T,), 0, 53)
+  feats = jax.random.normal(jax.random.key(4), (T, 3 * target.cfg.d_model))
+  g, _ = drafter(target.embed_tokens(tokens[None]), drafter.project(feats[None]))
+  ours = np.asarray(drafter.logits(target, g))[0]
+  theirs = _library_logits(model, torch.from_numpy(np.array(tokens)),
+                              torch.from_numpy(np.array(feats)))
+  np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-4, rtol=0)
+  assert np.abs(ours).max() > 0.1  # the logits are not all near zero
+
+  # Greedy drafts at depths 1-3 after the T pairs: ours through the drafter's cache.
+  cache = drafter_cache(target.cfg, 1, 32)
+  g, cache = drafter(target.embed_tokens(tokens[None]), drafter.project(feats[None]), cache)
+  cache = kvc.commit(cache, jnp.array([T]))
+  ours_drafts, h = [], g[:, -1:]
+  for _ in range(3):
+    tok = drafter.token_ids(jnp.argmax(drafter.logits(target, h)[0, -1]))
+    ours_drafts.append(int(tok))
+    h, cache = drafter(target.embed_tokens(tok.reshape(1, 1)), h, cache)
+    cache = kvc.commit(cache, jnp.array([1]))
+  d2t = model.d2t
+  theirs_drafts = []
+  for _ in range(3):
+    logits = _library_logits(model, torch.from_numpy(np.array(tokens)),
+                                torch.from_numpy(np.array(feats)),
+                                [torch.tensor(t) for t in theirs_drafts])
+    d = int(logits[-1].argmax())
+    theirs_drafts.append(d + int(d2t[d]))
+  assert theirs_drafts == ours_drafts
+  assert all(t in drafter.cfg.vocab_ids for t in ours_drafts)
