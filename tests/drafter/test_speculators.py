@@ -5,18 +5,24 @@ definition vLLM serves) loads the exported folder, and its submodules (`fc`, the
 next-token logits from the same target features and tokens, and the same greedy drafts at depths
 1-3 mapped to target tokens through the folder's `d2t`."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
+from flax import nnx
+from safetensors.numpy import load_file, save_file
+from speculators.models.eagle3 import Eagle3SpeculatorConfig
 from speculators.models.eagle3.core import Eagle3DraftModel
 
 from tests.conftest import small_config
 from tests.drafter.test_serving import _perturbed
 from tlt_jax.drafter.model import DrafterConfig, drafter_cache, init_drafter
 from tlt_jax.drafter.serving import export_drafter
+from tlt_jax.drafter.warmup import drafter_artifact_config, load_any_drafter
 from tlt_jax.models import init_model
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.pretrained import save_pretrained
@@ -96,3 +102,74 @@ def test_speculators_loads_an_exported_eagle3_drafter_with_our_logits_and_drafts
     theirs_drafts.append(d + int(d2t[d]))
   assert theirs_drafts == ours_drafts
   assert all(t in drafter.cfg.vocab_ids for t in ours_drafts)
+
+
+def _library_saved(tmp_path, target):
+  """An EAGLE-3 drafter made and saved by speculators itself, as its training does: a Llama
+  midlayer, a 24-token draft vocabulary mapped by t2d / d2t, its embedding and head loaded from
+  the verifier folder, every other weight random (norms moved off 1)."""
+  verifier = tmp_path / "policy"
+  save_pretrained(target, None, verifier)
+  export_drafter(_pair("llama")[1], tmp_path / "ours", target=target, verifier=str(verifier))
+  config = json.loads((tmp_path / "ours" / "config.json").read_text())
+  config.pop("tlt_jax")
+  model = Eagle3DraftModel(Eagle3SpeculatorConfig.model_validate(config))
+  ids = torch.tensor(sorted(np.random.default_rng(5).choice(53, 24, replace=False).tolist()))
+  t2d = torch.zeros(53, dtype=torch.bool)
+  t2d[ids] = True
+  model.load_vocab_mappings(t2d, ids - torch.arange(24))
+  model.load_verifier_weights()
+  torch.manual_seed(0)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith("norm.weight"):
+        p.add_(0.3 * torch.randn_like(p))
+  model.save_pretrained(str(tmp_path / "released"))
+  return model, tmp_path / "released"
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_a_drafter_saved_by_speculators_imports_with_the_library_s_logits(tmp_path):
+  target, ours = _pair("llama")
+  model, folder = _library_saved(tmp_path, target)
+  drafter, meta = load_any_drafter(str(folder), target)
+  assert meta == {"notes": []}  # its head rows and embedding are the policy's
+  assert drafter.cfg == drafter_artifact_config(str(folder))
+  assert drafter.cfg.vocab_ids == tuple(int(i) for i in torch.nonzero(model.t2d)[:, 0])
+  tokens = jax.random.randint(jax.random.key(3), (T,), 0, 53)
+  feats = jax.random.normal(jax.random.key(4), (T, 3 * target.cfg.d_model))
+  g, _ = drafter(target.embed_tokens(tokens[None]), drafter.project(feats[None]))
+  theirs = _library_logits(model, torch.from_numpy(np.array(tokens)),
+                           torch.from_numpy(np.array(feats)))
+  np.testing.assert_allclose(theirs.numpy(), np.asarray(drafter.logits(target, g))[0],
+                             atol=1e-4, rtol=0)
+
+
+def test_our_export_imports_back_bit_for_bit_and_bad_folders_are_one_line(tmp_path):
+  target, drafter = _pair("llama")
+  export_drafter(drafter, tmp_path / "ours", target=target)
+  back, meta = load_any_drafter(str(tmp_path / "ours"), target)
+  assert meta == {"notes": []} and back.cfg == drafter.cfg
+  for a, b in zip(jax.tree.leaves(nnx.state(back, nnx.Param)),
+                  jax.tree.leaves(nnx.state(drafter, nnx.Param))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  config = json.loads((tmp_path / "ours" / "config.json").read_text())
+  tensors = load_file(tmp_path / "ours" / "model.safetensors")
+  layer = config["transformer_layer_config"]
+  for name, change, message in [
+      ("wide", {"transformer_layer_config": {**layer, "hidden_size": 64}},
+       "its hidden_size is 64, the policy's is 32"),
+      ("deep_target", {"eagle_aux_hidden_state_layer_ids": [1, 2, 9]},
+       r"fuses target layers \[1, 2, 9\]; the policy has 3"),
+      ("mtp", {"speculators_model_type": "mtp"}, "only EAGLE-3 is imported"),
+      ("eagle31", {"norm_output": True}, "sets norm_output"),
+      ("no_layers", {"eagle_aux_hidden_state_layer_ids": None}, "names no eagle_aux")]:
+    bad = tmp_path / name
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({**config, **change}))
+    save_file(tensors, bad / "model.safetensors")
+    with pytest.raises(ValueError, match=message):
+      load_any_drafter(str(bad), target)
+  with pytest.raises(ValueError, match="exports as --format=eagle"):
+    export_drafter(init_drafter(target.cfg, DrafterConfig()), tmp_path / "x", "speculators",
+                   target=target)

@@ -1,7 +1,8 @@
 """The serving layouts: EAGLE-1 as vLLM and SGLang serve it (a drafter exported into it, and a
 folder in it, ours or a released EAGLE-1 checkpoint in safetensors, imported as an "eagle"
 drafter), and EAGLE-3 in the `speculators` format that `vllm serve` loads (an "eagle3" drafter
-exported, `speculators_tensors`).
+exported, `speculators_tensors`, and a folder in it, ours or saved by the library, imported,
+`import_speculators`; `import_folder` tells the two apart by the config).
 
 The folder holds `config.json` (a one-layer model of the target's family and sizes, in the
 Hugging Face rotate-half RoPE layout), `model.safetensors` (`fc.weight`, `fc.bias`, `layers.0.*`
@@ -15,9 +16,11 @@ EAGLE-1 has no input norm in its layer and no output norm, and vLLM drops `fc`'s
 says so in one line (`differences`), as it does for a restricted draft vocabulary, which EAGLE-1
 cannot hold (the served drafter drafts over the policy's whole head).
 
-An imported folder is read as vLLM reads it: `fc.bias` and a layer-0 `input_layernorm`, which
-vLLM's EAGLE-1 skips, are left out, each said in one line; a folder whose sizes
-differ from the policy's, or in another layout (EAGLE-3), is one line naming what does not fit.
+An imported EAGLE-1 folder is read as vLLM reads it: `fc.bias` and a layer-0 `input_layernorm`,
+which vLLM's EAGLE-1 skips, are left out, each said in one line; a folder whose sizes differ from
+the policy's is one line naming what does not fit. An EAGLE-3 folder whose sizes, fused layers,
+normalisation flags (EAGLE-3.1's `norm_output` and the like) or `d2t` do not fit is one line too;
+its head and embedding are the policy's in ours (a folder whose differ says so in one line).
 
 The `speculators` folder of an "eagle3" drafter holds what the library's `Eagle3DraftModel` saves:
 `fc.weight` (our `feat_proj`, over the fused target layers), the midlayer `layers.0.*` with its
@@ -36,6 +39,7 @@ import types
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from safetensors import safe_open
 from safetensors.numpy import load_file
 
 from tlt_jax.drafter.model import Drafter, DrafterConfig, init_drafter, layer_config
@@ -108,6 +112,93 @@ def import_eagle(directory: str, target) -> tuple[Drafter, list[str]]:
                  keep=lambda n: n.startswith(_LAYER) and not n.endswith(skip))
   drafter.fc.kernel.value = jnp.asarray(fc.T, jnp.dtype(target.cfg.param_dtype))
   return drafter, _import_notes(tensors)
+
+
+def is_speculators_config(config: dict) -> bool:
+  """Whether a folder's `config.json` is in speculators' format (and then EAGLE-3 only)."""
+  return "speculators_model_type" in config
+
+
+_SPECULATORS_OFF = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def speculators_drafter_config(config: dict, d2t: np.ndarray, vocab: int) -> DrafterConfig:
+  """The `DrafterConfig` of the speculators EAGLE-3 folder whose `config.json` is `config`."""
+  if config["speculators_model_type"] != "eagle3":
+    raise ValueError(f"holds a speculators {config['speculators_model_type']!r} drafter; only "
+                     "EAGLE-3 is imported.")
+  on = [k for k in _SPECULATORS_OFF if config.get(k)]
+  if on:
+    raise ValueError(f"sets {', '.join(on)}, which the 'eagle3' drafter does not compute.")
+  layers = config.get("eagle_aux_hidden_state_layer_ids")
+  if not layers:
+    raise ValueError("names no eagle_aux_hidden_state_layer_ids (the target layers it fuses).")
+  ids = np.arange(len(d2t)) + d2t
+  if list(ids) != sorted(set(ids.tolist())) or ids.min() < 0 or ids.max() >= vocab:
+    raise ValueError("has a d2t that maps its draft vocabulary to no increasing set of the "
+                     "policy's tokens.")
+  restricted = len(ids) < vocab
+  return DrafterConfig(architecture="eagle3", feature_layers=tuple(int(i) for i in layers),
+                       draft_vocab=len(ids) if restricted else 0,
+                       vocab_ids=tuple(int(i) for i in ids) if restricted else ())
+
+
+def import_speculators(directory: str, target) -> tuple[Drafter, list[str]]:
+  """The EAGLE-3 folder in speculators' format in `directory` (saved by the library, or ours) as
+  an "eagle3" drafter of `target`, and what differs from the folder's model (one sentence each:
+  a head or embedding other than the policy's, which ours always drafts with)."""
+  config, tensors = _read_folder(directory)
+  layer_cfg = config["transformer_layer_config"]
+  cfg = layer_config(target.cfg)
+  for key, ours in _SIZES.items():
+    if layer_cfg.get(key, getattr(cfg, ours)) != getattr(cfg, ours):
+      raise ValueError(f"{directory} is a drafter for another model: its {key} is "
+                       f"{layer_cfg[key]}, the policy's is {getattr(cfg, ours)}.")
+  if int(layer_cfg.get("num_hidden_layers", 1)) != 1:
+    raise ValueError(f"{directory} has {layer_cfg['num_hidden_layers']} midlayers; the 'eagle3' "
+                     "drafter has one.")
+  try:
+    dcfg = speculators_drafter_config(config, np.asarray(tensors["d2t"]), cfg.vocab_size)
+  except ValueError as e:
+    raise ValueError(f"{directory} {e}") from None
+  if max(dcfg.feature_layers) > target.cfg.n_layers:
+    raise ValueError(f"{directory} fuses target layers {list(dcfg.feature_layers)}; the policy "
+                     f"has {target.cfg.n_layers} (0 is the embedding).")
+  drafter = nnx.eval_shape(lambda: init_drafter(target.cfg, dcfg))
+  layer = {"model." + k: v for k, v in tensors.items() if k.startswith("layers.0.")}
+  if cfg.rope_layout == "interleaved":
+    layer = weights.permute_qk_rows(layer, cfg, to="interleaved")
+  weights.assign(types.SimpleNamespace(layers=[drafter.layer]), layer, cfg, directory,
+                 keep=lambda n: n.startswith(_LAYER))
+  pd = jnp.dtype(target.cfg.param_dtype)
+  drafter.feat_proj.kernel.value = jnp.asarray(tensors["fc.weight"].T, pd)
+  drafter.layer.hidden_norm.scale.value = jnp.asarray(tensors["layers.0.hidden_norm.weight"], pd)
+  drafter.norm.scale.value = jnp.asarray(tensors["norm.weight"], pd)
+  mine = speculators_tensors(drafter, target)
+  notes = [f"its {name} differs from the policy's {what}; the drafter drafts with the policy's"
+           for name, what in (("lm_head", "head rows"), ("embed_tokens", "embedding"))
+           if f"{name}.weight" in tensors
+           and not np.array_equal(tensors[f"{name}.weight"], mine[f"{name}.weight"])]
+  return drafter, notes
+
+
+def import_folder(directory: str, target) -> tuple[Drafter, list[str]]:
+  """A serving folder, EAGLE-1 or speculators' EAGLE-3 (told apart by its config), as a drafter
+  of `target`, with what its import leaves out or changes."""
+  config, _ = _read_folder(directory)
+  if is_speculators_config(config):
+    return import_speculators(directory, target)
+  return import_eagle(directory, target)
+
+
+def folder_drafter_config(directory: str) -> DrafterConfig:
+  """The `DrafterConfig` a serving folder imports as, read without its weights but `d2t`."""
+  config = json.loads((as_path(directory) / CONFIG).read_text())
+  if not is_speculators_config(config):
+    return DrafterConfig(architecture="eagle")
+  with safe_open(str(as_path(directory) / WEIGHTS), framework="numpy") as f:
+    return speculators_drafter_config(config, f.get_tensor("d2t"),
+                                      config["transformer_layer_config"]["vocab_size"])
 
 
 def differences(drafter: Drafter) -> list[str]:

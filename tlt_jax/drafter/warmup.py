@@ -208,7 +208,7 @@ def drafter_artifact_config(directory: str) -> DrafterConfig:
   weights file's metadata without loading the weights."""
   path = os.path.join(directory, WEIGHTS)
   if not os.path.exists(path) and serving.is_eagle_folder(directory):
-    return DrafterConfig(architecture="eagle")
+    return serving.folder_drafter_config(directory)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{directory} holds no drafter ({WEIGHTS} is missing); give a "
                             "drafter artifact directory, an EAGLE-1 folder or a shipped drafter's "
@@ -220,10 +220,10 @@ def drafter_artifact_config(directory: str) -> DrafterConfig:
 
 def load_any_drafter(directory: str, target) -> tuple[Drafter, dict]:
   """A drafter artifact: a shipped one (`recipe.json` beside its weights), a cached warm-up, or a
-  folder in the EAGLE-1 serving layout (ours exported, or a released checkpoint: `serving.py`;
-  what its import leaves out in `meta["notes"]`)."""
+  folder in a serving layout, EAGLE-1 or speculators' EAGLE-3 (ours exported, or a released
+  checkpoint: `serving.py`; what its import leaves out in `meta["notes"]`)."""
   if serving.is_eagle_folder(directory) and not os.path.exists(os.path.join(directory, WEIGHTS)):
-    drafter, notes = serving.import_eagle(directory, target)
+    drafter, notes = serving.import_folder(directory, target)
     return drafter, {"notes": notes}
   if os.path.exists(os.path.join(directory, RECIPE)):
     return load_shipped_drafter(directory, target)
