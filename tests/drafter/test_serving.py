@@ -92,8 +92,8 @@ def test_an_exported_eagle_drafter_gives_vllm_s_eagle1_logits(tmp_path, family):
   table = torch.from_numpy(np.array(target.embed.embedding[...]))
   head = table if target.cfg.tie_embeddings else torch.from_numpy(
       np.asarray(target.lm_head.kernel[...]).T.copy())
-  theirs = eagle1_logits(tmp_path, table, head, torch.from_numpy(np.asarray(tokens)),
-                         torch.from_numpy(np.asarray(hidden)))
+  theirs = eagle1_logits(tmp_path, table, head, torch.from_numpy(np.array(tokens)),
+                         torch.from_numpy(np.array(hidden)))
   np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-4, rtol=0)
   assert np.abs(ours).max() > 0.1  # the logits are not all near zero
   tensors = load_file(tmp_path / "model.safetensors")
@@ -180,8 +180,8 @@ def test_a_released_style_folder_imports_as_vllm_reads_it_and_a_bad_one_is_one_l
   hidden = jax.random.normal(jax.random.key(4), (10, d))
   g, _ = back(target.embed_tokens(tokens[None]), hidden[None])
   table = torch.from_numpy(np.array(target.embed.embedding[...]))
-  theirs = eagle1_logits(folder, table, table, torch.from_numpy(np.asarray(tokens)),
-                         torch.from_numpy(np.asarray(hidden)))
+  theirs = eagle1_logits(folder, table, table, torch.from_numpy(np.array(tokens)),
+                         torch.from_numpy(np.array(hidden)))
   np.testing.assert_allclose(theirs.numpy(), np.asarray(back.logits(target, g))[0], atol=1e-4)
   config = json.loads((folder / "config.json").read_text())
   for name, change, message in [

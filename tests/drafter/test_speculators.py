@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+import transformers
 from torch.nn.attention.flex_attention import create_block_mask
 from flax import nnx
 from safetensors.numpy import load_file, save_file
@@ -19,13 +20,17 @@ from speculators.models.eagle3 import Eagle3SpeculatorConfig
 from speculators.models.eagle3.core import Eagle3DraftModel
 
 from tests.conftest import small_config
+from tests.drafter.test_drafter import _run, _trained_drafter
 from tests.drafter.test_serving import _perturbed
+from tests.spec.test_spec_engine import _prompts, peaked_model
 from tlt_jax.drafter.model import DrafterConfig, drafter_cache, init_drafter
 from tlt_jax.drafter.serving import export_drafter
 from tlt_jax.drafter.warmup import drafter_artifact_config, load_any_drafter
 from tlt_jax.models import init_model
 from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.pretrained import save_pretrained
+from tlt_jax.models.sampling import SamplingParams
+from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 T = 10  # positions fed before drafting
 
@@ -33,7 +38,7 @@ T = 10  # positions fed before drafting
 def _pair(family):
   target = init_model(small_config(rope_layout="interleaved", family=family, n_layers=3), seed=0)
   ids = tuple(int(i) for i in np.sort(np.random.default_rng(0).choice(53, 24, replace=False)))
-  cfg = DrafterConfig(architecture="eagle3", feature_layers=(1, 2, 3), draft_vocab=24,
+  cfg = DrafterConfig(architecture="eagle3", feature_layers=(0, 1, 2), draft_vocab=24,
                       vocab_ids=ids)
   return target, _perturbed(init_drafter(target.cfg, cfg, seed=1), 2)
 
@@ -159,8 +164,8 @@ def test_our_export_imports_back_bit_for_bit_and_bad_folders_are_one_line(tmp_pa
   for name, change, message in [
       ("wide", {"transformer_layer_config": {**layer, "hidden_size": 64}},
        "its hidden_size is 64, the policy's is 32"),
-      ("deep_target", {"eagle_aux_hidden_state_layer_ids": [1, 2, 9]},
-       r"fuses target layers \[1, 2, 9\]; the policy has 3"),
+      ("deep_target", {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]},
+       r"target layers \[1, 2, 3\]; the policy has 3 layers"),
       ("mtp", {"speculators_model_type": "mtp"}, "only EAGLE-3 is imported"),
       ("eagle31", {"norm_output": True}, "sets norm_output"),
       ("no_layers", {"eagle_aux_hidden_state_layer_ids": None}, "names no eagle_aux")]:
@@ -173,3 +178,54 @@ def test_our_export_imports_back_bit_for_bit_and_bad_folders_are_one_line(tmp_pa
   with pytest.raises(ValueError, match="exports as --format=eagle"):
     export_drafter(init_drafter(target.cfg, DrafterConfig()), tmp_path / "x", "speculators",
                    target=target)
+
+
+def _torch_accept_len(target_hf, model, prompts, layers, n_new: int, depth: int = 3) -> float:
+  """Greedy chain speculative decoding in PyTorch alone: Hugging Face's model of the policy as
+  the target, speculators' model of the exported drafter drafting `depth` tokens from the
+  target's fused layer inputs (`output_hidden_states`: entry k is layer k's input), the target
+  verifying them; the mean tokens emitted per step (the next token and the drafts it accepts)."""
+  emitted = []
+  with torch.no_grad():
+    for prompt in prompts:
+      seq, new = torch.tensor(prompt), 0
+      while new < n_new:
+        out = target_hf(seq[None], output_hidden_states=True)
+        nxt = out.logits[0, -1].argmax()
+        feats = torch.cat([out.hidden_states[k][0] for k in layers], -1)
+        drafts = []
+        for _ in range(depth):
+          logits = _library_logits(model, torch.cat([seq[1:], nxt.view(1)]), feats,
+                                   [torch.tensor(t) for t in drafts])
+          d = int(logits[-1].argmax())
+          drafts.append(d + (0 if model.d2t is None else int(model.d2t[d])))  # None: full vocab
+        cand = torch.cat([seq, nxt.view(1), torch.tensor(drafts)])
+        preds = target_hf(cand[None]).logits[0, len(seq):len(seq) + depth].argmax(-1)
+        ok = 0
+        while ok < depth and drafts[ok] == int(preds[ok]):
+          ok += 1
+        keep = min(1 + ok, n_new - new)
+        emitted.append(keep)
+        seq, new = cand[:len(seq) + keep], new + keep
+  return float(np.mean(emitted))
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_a_pytorch_loop_with_the_exported_drafter_accepts_what_our_engine_accepts(tmp_path):
+  """The serving side end to end, without vLLM: greedy chain of 3 in PyTorch (transformers'
+  Llama from the exported policy, speculators' model from the exported drafter) against our
+  engine's SD with the same drafter on 8 prompts: the same accepted tokens per step within 0.05."""
+  target = peaked_model(n_layers=3)
+  drafter = _trained_drafter(target, (0, 1, 2), architecture="eagle3")[0]
+  save_pretrained(target, None, tmp_path / "policy")
+  export_drafter(drafter, tmp_path / "drafter", target=target, verifier=str(tmp_path / "policy"))
+  params = SamplingParams(temperature=0.0, max_new_tokens=24)
+  prompts = _prompts(8, seed=4)
+  _, eng = _run(target, params, prompts, 1,
+                SpecConfig(threshold=16, arms=(Strategy("eagle", depth=3),), min_accept_len=0.0),
+                drafter)
+  ours = eng.spec.accept_len()
+  target_hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "policy")).eval()
+  theirs = _torch_accept_len(target_hf, _library_model(tmp_path / "drafter"), prompts, (0, 1, 2),
+                             params.max_new_tokens)
+  assert ours > 1.3 and abs(theirs - ours) <= 0.05, (ours, theirs)

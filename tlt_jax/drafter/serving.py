@@ -161,9 +161,9 @@ def import_speculators(directory: str, target) -> tuple[Drafter, list[str]]:
     dcfg = speculators_drafter_config(config, np.asarray(tensors["d2t"]), cfg.vocab_size)
   except ValueError as e:
     raise ValueError(f"{directory} {e}") from None
-  if max(dcfg.feature_layers) > target.cfg.n_layers:
-    raise ValueError(f"{directory} fuses target layers {list(dcfg.feature_layers)}; the policy "
-                     f"has {target.cfg.n_layers} (0 is the embedding).")
+  if max(dcfg.feature_layers) >= target.cfg.n_layers:
+    raise ValueError(f"{directory} fuses the inputs of target layers "
+                     f"{list(dcfg.feature_layers)}; the policy has {target.cfg.n_layers} layers.")
   drafter = nnx.eval_shape(lambda: init_drafter(target.cfg, dcfg))
   layer = {"model." + k: v for k, v in tensors.items() if k.startswith("layers.0.")}
   if cfg.rope_layout == "interleaved":
@@ -270,6 +270,10 @@ def speculators_config(drafter: Drafter, verifier: str | None, depth: int = 3) -
   if layer["model_type"] not in _SPECULATORS_FAMILIES:
     raise ValueError(f"speculators' EAGLE-3 has Llama and Qwen3 midlayers, not "
                      f"{layer['model_type']!r}: export this drafter with --format=eagle.")
+  n = drafter.target_cfg.n_layers
+  if max(drafter.cfg.feature_layers) >= n:
+    raise ValueError(f"vLLM fuses the inputs of target layers 0..{n - 1}, and this drafter "
+                     f"reads {list(drafter.cfg.feature_layers)} ({n}: the last layer's output).")
   return {
       "architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3",
       "draft_vocab_size": len(drafter.cfg.vocab_ids) or drafter.target_cfg.vocab_size,
