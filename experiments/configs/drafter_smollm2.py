@@ -8,12 +8,17 @@ drafter named `smollm2`, which every later run with this recipe loads instead of
   python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py \
       --depth=3 --ship=smollm2
 The `teacher_forced` variant trains TLT's recipe (depth 1 only, labels at T = 1), for comparison;
-`eagle3` the shipped recipe on EAGLE-3's fused features (the target's layers 2, 15 and 28 of 30
-instead of its final hidden state); `response` the shipped recipe with its loss on the drafted
+`fused` the shipped recipe on EAGLE-3's fused features (the target's layers 2, 15 and 28 of 30
+instead of its final hidden state) in our own layout; `eagle3` the same features in the EAGLE-3
+layout of `speculators` (`drafter.model.architecture="eagle3"`, which vLLM serves exactly:
+docs/SPECULATION.md), trained on the next token alone, as EAGLE-3 is (its `g` feeds the next step
+before the output norm, so no feature regression); `response` the shipped recipe with its loss on the drafted
 positions alone (not the prompts'); `decay` the shipped recipe with its learning rate decayed by a
 cosine to a tenth over its 400 steps. All train on the shipped drafter's rollouts (cached):
   python -m experiments.drafter_warmup \
       --config=experiments/configs/drafter_smollm2.py:teacher_forced
+  python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py:fused \
+      --depth=3
   python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py:eagle3 \
       --depth=3
   python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py:response \
@@ -28,15 +33,19 @@ from experiments.configs import base
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  variants = ("", "teacher_forced", "eagle3", "response", "decay", "small", "small_teacher_forced")
+  variants = ("", "teacher_forced", "fused", "eagle3", "response", "decay", "small",
+              "small_teacher_forced")
   if variant not in variants:
     raise ValueError(f"Unknown variant {variant!r}; use one of {variants}.")
   small = variant.startswith("small")
   c = base.smollm2_workload(small)
   c.name = "drafter_smollm2"
   c.drafter = base.smollm2_drafter(small, teacher_forced=variant.endswith("teacher_forced"))
-  if variant == "eagle3":
+  if variant in ("fused", "eagle3"):
     c.drafter.model.feature_layers = (2, 15, 28)
+  if variant == "eagle3":
+    c.drafter.model.architecture = "eagle3"
+    c.drafter.model.smooth_l1_weight, c.drafter.model.ce_weight = 0.0, 1.0
   if variant == "response":
     c.drafter.warmup.prompt_loss = False
   if variant == "decay":
