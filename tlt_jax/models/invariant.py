@@ -41,12 +41,21 @@ def row_map(fn, *arrays_R, tile: int = ROW_TILE):
   steps (zero rows pad the last tile, and make a second where one would do; they are cut off
   again); `fn` maps tiles `[tile, ...]` to a pytree of them. A loop of one step would be inlined
   and its operations fused with what surrounds it, where XLA:CPU may hand them to another library
-  (YNNPACK) by their new shapes, whose exponential rounds otherwise."""
+  (YNNPACK) by their new shapes, whose exponential rounds otherwise. Where the rows fit one tile,
+  the second step skips its padding (`lax.cond` on the step: a branch computes the tile as the
+  loop body does, tested), so a call of up to `tile` rows costs one tile."""
   r = arrays_R[0].shape[0]
-  pad = max(-(-r // tile), 2) * tile - r
+  real = -(-r // tile)
+  pad = max(real, 2) * tile - r
   tiles = tuple(jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)).reshape(
       -1, tile, *a.shape[1:]) for a in arrays_R)
-  out = jax.lax.map(lambda xs: fn(*xs), tiles)
+  if real >= 2:
+    out = jax.lax.map(lambda xs: fn(*xs), tiles)
+  else:
+    shapes = jax.eval_shape(fn, *(jax.ShapeDtypeStruct(t.shape[1:], t.dtype) for t in tiles))
+    skip = lambda xs: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    out = jax.lax.map(lambda i_xs: jax.lax.cond(i_xs[0] == 0, lambda xs: fn(*xs), skip,
+                                                i_xs[1]), (jnp.arange(2), tiles))
   return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:])[:r], out)
 
 
