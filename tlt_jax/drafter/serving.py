@@ -83,6 +83,17 @@ def _import_notes(tensors: dict[str, np.ndarray]) -> list[str]:
   return out
 
 
+def _check_fits(directory: str, layer: dict, cfg, drafter: str) -> None:
+  """One line where a folder's layer config `layer` has other sizes than the policy's layer
+  `cfg`, or more than the one layer `drafter` has."""
+  for key, ours in _SIZES.items():
+    if layer.get(key, getattr(cfg, ours)) != getattr(cfg, ours):
+      raise ValueError(f"{directory} is a drafter for another model: its {key} is {layer[key]}, "
+                       f"the policy's is {getattr(cfg, ours)}.")
+  if int(layer.get("num_hidden_layers", 1)) != 1:
+    raise ValueError(f"{directory} has {layer['num_hidden_layers']} layers; {drafter} has one.")
+
+
 def import_eagle(directory: str, target) -> tuple[Drafter, list[str]]:
   """The EAGLE-1 folder in `directory` as an "eagle" drafter of `target` (a `Transformer`), and
   what the import left out (one sentence each)."""
@@ -92,13 +103,7 @@ def import_eagle(directory: str, target) -> tuple[Drafter, list[str]]:
   if "fc.weight" not in tensors or not any(k.startswith("layers.0.") for k in tensors):
     raise ValueError(f"{directory} holds no EAGLE-1 drafter (fc.weight and layers.0.* expected).")
   cfg = layer_config(target.cfg)
-  for key, ours in _SIZES.items():
-    if config.get(key, getattr(cfg, ours)) != getattr(cfg, ours):
-      raise ValueError(f"{directory} is a drafter for another model: its {key} is {config[key]}, "
-                       f"the policy's is {getattr(cfg, ours)}.")
-  if int(config.get("num_hidden_layers", 1)) != 1:
-    raise ValueError(f"{directory} has {config['num_hidden_layers']} layers; an EAGLE-1 drafter "
-                     "has one.")
+  _check_fits(directory, config, cfg, "an EAGLE-1 drafter")
   fc = tensors["fc.weight"]
   if fc.shape != (cfg.d_model, 2 * cfg.d_model):
     raise ValueError(f"{directory}: fc.weight has shape {fc.shape}, the policy needs "
@@ -148,15 +153,8 @@ def import_speculators(directory: str, target) -> tuple[Drafter, list[str]]:
   an "eagle3" drafter of `target`, and what differs from the folder's model (one sentence each:
   a head or embedding other than the policy's, which ours always drafts with)."""
   config, tensors = _read_folder(directory)
-  layer_cfg = config["transformer_layer_config"]
   cfg = layer_config(target.cfg)
-  for key, ours in _SIZES.items():
-    if layer_cfg.get(key, getattr(cfg, ours)) != getattr(cfg, ours):
-      raise ValueError(f"{directory} is a drafter for another model: its {key} is "
-                       f"{layer_cfg[key]}, the policy's is {getattr(cfg, ours)}.")
-  if int(layer_cfg.get("num_hidden_layers", 1)) != 1:
-    raise ValueError(f"{directory} has {layer_cfg['num_hidden_layers']} midlayers; the 'eagle3' "
-                     "drafter has one.")
+  _check_fits(directory, config["transformer_layer_config"], cfg, "the 'eagle3' drafter")
   try:
     dcfg = speculators_drafter_config(config, np.asarray(tensors["d2t"]), cfg.vocab_size)
   except ValueError as e:
