@@ -1,5 +1,6 @@
 """Hugging Face parity: tiny random Llama, Qwen2 and Qwen3 checkpoints made with `transformers`."""
 
+import dataclasses
 import json
 import os
 
@@ -15,6 +16,7 @@ from experiments.generate import generate  # noqa: E402
 from tests.test_launchers import last_json, run_module  # noqa: E402
 from tlt_jax.drafter.model import DrafterConfig, init_drafter  # noqa: E402
 from tlt_jax.drafter.warmup import load_drafter, save_drafter  # noqa: E402
+from tlt_jax.models.precision import Precision  # noqa: E402
 from tlt_jax.models.pretrained import load_pretrained, save_pretrained  # noqa: E402
 from tlt_jax.models.sampling import SamplingParams  # noqa: E402
 from tlt_jax.models.weights import export  # noqa: E402
@@ -22,6 +24,7 @@ from tlt_jax.rollout.plain import generate_plain  # noqa: E402
 
 CORPUS = ["The quick brown fox jumps over the lazy dog.", "12 + 30 = 42, and 7 * 6 = 42 too.",
           "Speculative decoding keeps the output distribution exact.", "Hello, world! <3"] * 20
+PROMPTS = ["The quick brown fox", "12 + 30 =", "Hello, world! <3"]
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
             "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
@@ -146,19 +149,6 @@ def test_missing_smollm2_package_names_the_install_command(monkeypatch):
     pretrained.load_pretrained("smollm2")
 
 
-def test_generate_cli_json_on_a_local_checkpoint(checkpoint):
-  directory, _, hf_tok = checkpoint
-  proc = run_module("experiments.generate", f"--model={directory}", "--prompt=Hello, world!",
-                    "--max_new_tokens=5", "--temperature=0", "--json", "--chat")
-  out = last_json(proc)
-  assert len(out["token_ids"]) <= 5 and hf_tok.decode(out["token_ids"],
-                                                      skip_special_tokens=True) == out["text"]
-  if directory.endswith("llama"):  # the CLI's check of the context, whatever the family
-    too_long = run_module("experiments.generate", f"--model={directory}",
-                          "--prompt=" + "hi " * 200, "--max_new_tokens=5")
-    assert too_long.returncode != 0 and "exceeds the model context" in too_long.stderr
-
-
 def test_sharded_safetensors_index_loads(tmp_path):
   directory = str(tmp_path / "sharded")
   hf_model, _ = _make_checkpoint(str(tmp_path / "one"), "llama")
@@ -176,43 +166,76 @@ def test_sharded_safetensors_index_loads(tmp_path):
     load_pretrained(directory)
 
 
-def test_generate_cli_with_a_drafter_gives_the_same_text(checkpoint, tmp_path):
-  """Serving with speculative decoding and a (here random) drafter artifact is exact: the CLI
-  with `--drafter` against plain decoding, and a tree drafter (in-process, as the CLI calls it)."""
+def test_speculative_generation_gives_plain_decoding_s_text(checkpoint, tmp_path):
+  """Serving with speculative decoding and a (here random) drafter artifact is exact, through
+  the function `experiments.generate` serves with: a chain drafter greedy, a tree drafter with a
+  restricted draft vocabulary (saved and loaded with it), and a batch of prompts sampled at
+  T = 0.9 in bfloat16 with invariant numerics. (The command line, which is the same for every
+  family, runs in the tests below on the Llama checkpoint.)"""
   directory, _, _ = checkpoint
   model, tok = load_pretrained(directory)
   save_drafter(init_drafter(model.cfg, seed=0), str(tmp_path / "drafter"), {"note": "random"})
-  prompt = "The quick brown fox"
+  prompt = [tok.encode("The quick brown fox")]
   params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_tokens=tok.stop_ids)
-  (plain,), _ = generate(model, tok, [tok.encode(prompt)], params)
-  sd = last_json(run_module("experiments.generate", f"--model={directory}", f"--prompt={prompt}",
-                            "--max_new_tokens=12", "--temperature=0", "--json",
-                            f"--drafter={tmp_path / 'drafter'}"))
-  assert sd["token_ids"] == plain and sd["accept_len"] >= 1.0
-  # A tree drafter with a restricted draft vocabulary, saved and loaded with it, is exact too.
+  (plain,), _ = generate(model, tok, prompt, params)
+  (sd,), extra = generate(model, tok, prompt, params, drafter=str(tmp_path / "drafter"))
+  assert sd == plain and extra["accept_len"] >= 1.0
   restricted = DrafterConfig(draft_vocab=16, vocab_ids=tuple(range(3, 35, 2)))
   save_drafter(init_drafter(model.cfg, restricted, seed=1), str(tmp_path / "tree"), {})
   assert load_drafter(str(tmp_path / "tree"), model)[0].cfg.vocab_ids == restricted.vocab_ids
-  (tree,), _ = generate(model, tok, [tok.encode(prompt)], params, drafter=str(tmp_path / "tree"),
-                        depth=3, tree=(2, 4))
+  (tree,), _ = generate(model, tok, prompt, params, drafter=str(tmp_path / "tree"), depth=3,
+                        tree=(2, 4))
   assert tree == plain
+  bf16 = Precision(param_dtype="bfloat16", compute_dtype="bfloat16",
+                   numerics="invariant").apply(model)
+  prompts = [tok.encode(t) for t in PROMPTS]
+  sampled = dataclasses.replace(params, temperature=0.9)
+  plain, _ = generate(bf16, tok, prompts, sampled, seed=3)
+  sd, _ = generate(bf16, tok, prompts, sampled, seed=3, drafter=str(tmp_path / "drafter"))
+  assert sd == plain and len(set(map(tuple, plain))) == 3
+
+
+@pytest.fixture
+def llama_checkpoint(tmp_path):
+  directory = str(tmp_path / "llama")
+  _, hf_tok = _make_checkpoint(directory, "llama")
+  return directory, hf_tok
+
+
+def test_generate_cli_with_a_drafter_prints_plain_decoding_s_text_as_json(llama_checkpoint,
+                                                                          tmp_path):
+  """`--prompt --chat --json --drafter`: the token ids of plain decoding of the chat-wrapped
+  prompt, their text, the accepted length; a prompt past the context is one line."""
+  directory, hf_tok = llama_checkpoint
+  model, tok = load_pretrained(directory)
+  save_drafter(init_drafter(model.cfg, seed=0), str(tmp_path / "drafter"), {"note": "random"})
+  out = last_json(run_module("experiments.generate", f"--model={directory}",
+                             "--prompt=Hello, world!", "--max_new_tokens=5", "--temperature=0",
+                             "--json", "--chat", f"--drafter={tmp_path / 'drafter'}"))
+  chat = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hello, world!"}]))
+  (plain,), _ = generate(model, tok, [chat], SamplingParams(
+      temperature=0.0, max_new_tokens=5, stop_tokens=tok.stop_ids))
+  assert out["token_ids"] == plain and out["accept_len"] >= 1.0
+  assert hf_tok.decode(out["token_ids"], skip_special_tokens=True) == out["text"]
+  too_long = run_module("experiments.generate", f"--model={directory}",
+                        "--prompt=" + "hi " * 200, "--max_new_tokens=5")
+  assert too_long.returncode != 0 and "exceeds the model context" in too_long.stderr
 
 
 def test_generate_cli_decodes_a_prompts_file_alike_with_and_without_a_drafter_in_bf16(
-    checkpoint, tmp_path):
+    llama_checkpoint, tmp_path):
   """`--prompts_file` as one batch, sampled at T = 0.9 in bfloat16 with `--numerics=invariant`:
   served by a drafter, every prompt's tokens are plain decoding's."""
-  directory, _, _ = checkpoint
+  directory, _ = llama_checkpoint
   model, _ = load_pretrained(directory)
   save_drafter(init_drafter(model.cfg, seed=0), str(tmp_path / "drafter"), {"note": "random"})
-  prompts = ["The quick brown fox", "12 + 30 =", "Hello, world! <3"]
-  (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
+  (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
   args = ("experiments.generate", f"--model={directory}", f"--prompts_file={tmp_path}/prompts.txt",
           "--max_new_tokens=12", "--temperature=0.9", "--seed=3", "--dtype=bfloat16",
           "--numerics=invariant", "--json")
   plain = last_json(run_module(*args))
   sd = last_json(run_module(*args, f"--drafter={tmp_path / 'drafter'}"))
-  assert [r["prompt"] for r in plain["results"]] == prompts and "accept_len" not in plain
+  assert [r["prompt"] for r in plain["results"]] == PROMPTS and "accept_len" not in plain
   assert [r["token_ids"] for r in sd["results"]] == [r["token_ids"] for r in plain["results"]]
   assert sd["accept_len"] >= 1.0 and len({tuple(r["token_ids"]) for r in plain["results"]}) == 3
 
