@@ -59,10 +59,10 @@ def test_cached_rollouts_and_features_equal_computed_ones(tmp_path):
   data = lambda: warmup_data.WarmupData(str(tmp_path), target, "t", PROMPTS, PARAMS, 2, 12, 0, 0)
   fresh = data()
   toks, mask = fresh.sequences()
-  feats, hidden = fresh.features(toks, dcfg, progress=False)
+  feats, hidden = fresh.features(toks, mask, dcfg, progress=False)
   again = data()
   toks2, mask2 = again.sequences()
-  feats2, hidden2 = again.features(toks2, dcfg, progress=False)
+  feats2, hidden2 = again.features(toks2, mask2, dcfg, progress=False)
   assert again.loaded == ["rollouts", "features"]
   for a, b in ((toks, toks2), (mask, mask2), (feats, feats2), (hidden, hidden2)):
     assert a.dtype == b.dtype and np.array_equal(a, b)
@@ -70,18 +70,34 @@ def test_cached_rollouts_and_features_equal_computed_ones(tmp_path):
   assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_features_cover_the_columns_up_to_the_longest_row_as_the_full_forward_does():
+  """The forward runs over the columns up to the longest row's end rounded up to 64 (here 70 of
+  130 tokens: 128 columns), in a chunk of 4 rows for 3; what it computes is the full forward's."""
+  target = init_model(small_config(max_seq_len=192), seed=0)
+  dcfg = DrafterConfig(feature_layers=(0, 1))
+  toks = np.random.default_rng(0).integers(3, 50, (3, 130)).astype(np.int32)
+  mask = np.zeros(toks.shape, np.float32)
+  for row, n in enumerate((70, 12, 40)):
+    mask[row, :n] = 1
+  feats, hidden = warmup_data.teacher_features(target, toks, dcfg, mask, progress=False)
+  full_feats, full_hidden = warmup_data.teacher_features(target, toks, dcfg, progress=False)
+  assert feats.shape[:2] == hidden.shape[:2] == (3, 128) and full_feats.shape[1] == 130
+  np.testing.assert_allclose(feats, full_feats[:, :128], atol=1e-5)
+  np.testing.assert_allclose(hidden, full_hidden[:, :128], atol=1e-5)
+
+
 @pytest.mark.parametrize("what", ["rollouts", "features"])
 def test_a_half_written_file_is_never_read(tmp_path, what):
   """A crash mid-write leaves only the temporary file, which the next warm-up ignores."""
   target = init_model(small_config(), seed=0)
   data = warmup_data.WarmupData(str(tmp_path), target, "t", PROMPTS, PARAMS, 2, 12, 0, 0)
-  toks, _ = data.sequences()
-  data.features(toks, DrafterConfig(), progress=False)
+  toks, mask = data.sequences()
+  data.features(toks, mask, DrafterConfig(), progress=False)
   path = next(tmp_path.glob(f"{what}-*.safetensors"))
   path.rename(path.parent / f"{path.name}.tmp")
   again = warmup_data.WarmupData(str(tmp_path), target, "t", PROMPTS, PARAMS, 2, 12, 0, 0)
-  toks2, _ = again.sequences()
-  again.features(toks2, DrafterConfig(), progress=False)
+  toks2, mask2 = again.sequences()
+  again.features(toks2, mask2, DrafterConfig(), progress=False)
   assert what not in again.loaded
 
 
@@ -93,7 +109,8 @@ def test_held_out_metrics_are_the_training_step_s_at_the_drafted_positions(tmp_p
   held_out = warmup.teacher_forced_metrics(drafter, target, data, batch_rows=6, progress=False)
   assert jax.tree.all(jax.tree.map(np.array_equal, before, nnx.state(drafter, nnx.Param)))
   toks, mask = data.sequences()
-  feats, hidden = data.features(toks, drafter.cfg, progress=False)
+  feats, hidden = data.features(toks, mask, drafter.cfg, progress=False)
+  toks, mask = toks[:, :feats.shape[1]], mask[:, :feats.shape[1]]
   # Scored where the drafter drafts; `step` reports its metrics before its update.
   step = DrafterTrainer(drafter, target).step(toks, feats, hidden, data.drafted(mask))
   assert {"total_variation", "total_variation_d2", "top1_agreement_d2"} <= set(held_out)
@@ -110,7 +127,7 @@ def test_held_out_metrics_give_the_target_s_mass_inside_a_restricted_draft_vocab
   drafter = init_drafter(target.cfg, DrafterConfig(draft_vocab=len(ids), vocab_ids=ids,
                                                    label_temperature=0.7), seed=1)
   held_out = warmup.teacher_forced_metrics(drafter, target, data, batch_rows=6, progress=False)
-  _, hidden = data.features(toks, drafter.cfg, progress=False)
+  _, hidden = data.features(toks, mask, drafter.cfg, progress=False)
   logits = np.asarray(target.head(jnp.asarray(hidden)), np.float64) / 0.7
   p = np.exp(logits - logits.max(-1, keepdims=True))
   mass = (p[..., list(ids)].sum(-1) / p.sum(-1))[:, 1:]  # index t is scored at t + 1

@@ -85,7 +85,8 @@ def train_on_sequences(target, toks, mask, data: WarmupData, dcfg: DrafterConfig
     dcfg = dataclasses.replace(dcfg, vocab_ids=draft_vocabulary(toks, mask, dcfg.draft_vocab,
                                                                 target.cfg.vocab_size))
   trainer = DrafterTrainer(init_drafter(target.cfg, dcfg, seed=wcfg.seed), target, tcfg)
-  feats, hidden = data.features(toks, dcfg, progress=progress)
+  feats, hidden = data.features(toks, mask, dcfg, progress=progress)
+  toks, mask = toks[:, :feats.shape[1]], mask[:, :feats.shape[1]]  # the columns holding tokens
   if not wcfg.prompt_loss:
     mask = data.drafted(mask)
   rng = np.random.default_rng(wcfg.seed)
@@ -269,7 +270,8 @@ def teacher_forced_metrics(drafter: Drafter, target, data: WarmupData, batch_row
   of `batch_rows`): on rollouts it never trained on, a validation set whose total variation per
   depth is what the `rejection` rule's acceptance per depth sees."""
   toks, mask = data.sequences()
-  feats, hidden = data.features(toks, drafter.cfg, progress=progress)
+  feats, hidden = data.features(toks, mask, drafter.cfg, progress=progress)
+  toks, mask = toks[:, :feats.shape[1]], mask[:, :feats.shape[1]]
   mask = data.drafted(mask)  # scored where drafts are: what the acceptance sees
   trainer = DrafterTrainer(drafter, target)
   size = min(batch_rows, len(toks))  # whole batches only: one shape, one program

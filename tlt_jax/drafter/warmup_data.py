@@ -39,18 +39,27 @@ def rollout_sequences(target, prompts, params: SamplingParams, group_size: int, 
   return toks, mask
 
 
-def teacher_features(target, toks, dcfg: DrafterConfig, chunk: int = 16, progress: bool = True):
+def teacher_features(target, toks, dcfg: DrafterConfig, mask=None, chunk: int = 16,
+                     progress: bool = True):
   """(features, final hidden) of the frozen target over every sequence, computed once in jitted
   chunks, so that training steps do not repeat the target's forward. For EAGLE (final hidden as
-  the feature) both are the same array."""
+  the feature) both are the same array. With `mask` (1 on each row's tokens, a prefix of it) they
+  cover the columns up to the longest row's end, rounded up to 64: past them every row is
+  padding, which the drafter's training need not read (a causal reader never attends to it,
+  and the mask scores it zero). Fewer rows than `chunk` run in a chunk of the next power of
+  two."""
   graphdef, state = nnx.split(target)
 
   @jax.jit
   def forward(state, tokens_BxL):
     return teacher_batch(nnx.merge(graphdef, state), tokens_BxL, dcfg)
 
-  n = len(toks)
-  padded = np.concatenate([toks, np.repeat(toks[-1:], -n % chunk, axis=0)])
+  n, seq_len = toks.shape
+  width = seq_len
+  if mask is not None and mask.any():
+    width = min(seq_len, -(-(int(np.flatnonzero(mask.any(0))[-1]) + 1) // 64) * 64)
+  chunk = min(chunk, 1 << (n - 1).bit_length())
+  padded = np.concatenate([toks, np.repeat(toks[-1:], -n % chunk, axis=0)])[:, :width]
   feats, hidden = [], []
   for i in tqdm(range(0, n, chunk), desc="target features", disable=not progress,
                 mininterval=2.0):
@@ -103,13 +112,14 @@ class WarmupData:
     start_R = np.repeat([len(p) for p in self.prompts], self.group_size) - 1
     return mask * (np.arange(mask.shape[1])[None] >= start_R[:, None])
 
-  def features(self, toks, dcfg: DrafterConfig, progress: bool = True):
-    """(features, final hidden) of the target over `toks` (`teacher_features`), for the target
-    layers `dcfg` reads."""
+  def features(self, toks, mask, dcfg: DrafterConfig, progress: bool = True):
+    """(features, final hidden) of the target over `toks` (`teacher_features`, `mask` marking
+    their tokens), for the target layers `dcfg` reads: `[rows, width, ...]`, the columns that
+    hold tokens (`width` <= `toks.shape[1]`; train on `toks[:, :width]`)."""
     name = f"features-{content_digest([self.key, list(dcfg.feature_layers)])}"
     if (got := self._read(name)) is not None:
       self.loaded.append("features")
       return got["features"], got.get("hidden", got["features"])
-    feats, hidden = teacher_features(self.target, toks, dcfg, progress=progress)
+    feats, hidden = teacher_features(self.target, toks, dcfg, mask, progress=progress)
     self._write(name, {"features": feats, **({"hidden": hidden} if hidden is not feats else {})})
     return feats, hidden
