@@ -81,12 +81,12 @@ def test_bench_numerics_small():
   assert out["update_fast_s"] > 0 and out["update_invariant_s"] > 0
 
 
-def test_bench_spec_small(tmp_path):
+def test_bench_spec_small():
   """Greedy and coupled SD equal plain decoding under the XLA flags users run (the fast suite
   checks the same at its cheaper compile level)."""
   out = last_json(run_module("experiments.bench_spec",
                              "--config=experiments/configs/bench_spec_tiny.py:small",
-                             f"--config.cache_dir={tmp_path}", fast_compile=False))
+                             fast_compile=False))
   assert out["greedy_exact"] is True and out["coupled_identical"] is True
   assert out["differing_rows"] == out["differing_rows_greedy"] == 0.0
   assert out["accept_len"] >= 1.0
@@ -123,7 +123,7 @@ def test_train_grpo_small_tlt_is_the_same_run_as_the_baseline_and_the_notebooks_
   for name in ("tiny_baseline", "tiny_tlt"):
     outs.append(last_json(run_module(
         "experiments.train_grpo", f"--config=experiments/configs/{name}.py:small",
-        f"--config.out_dir={tmp_path / name}", f"--config.cache_dir={tmp_path}")))
+        f"--config.out_dir={tmp_path / name}")))
   assert outs[0]["steps"] == outs[1]["steps"] == 3
   assert "eval_accuracy_first" in outs[0] and "eval_accuracy_final" in outs[0]
   cmp = last_json(run_module("experiments.compare_runs", str(tmp_path / "tiny_baseline"),
@@ -169,8 +169,7 @@ def test_a_tiny_grpo_run_in_bf16_learns_with_finite_losses(tmp_path):
 
 @pytest.mark.timeout(1500)
 def test_a_run_killed_with_sigkill_resumes_the_same_trajectory(tmp_path):
-  common = ["--config=experiments/configs/tiny_baseline.py:small",
-            f"--config.cache_dir={tmp_path}", "--config.train.steps=5",
+  common = ["--config=experiments/configs/tiny_baseline.py:small", "--config.train.steps=5",
             "--config.train.checkpoint_every=1", "--config.train.eval_every=0"]
   straight = tmp_path / "straight"
   last_json(run_module("experiments.train_grpo", *common, f"--config.out_dir={straight}"))

@@ -3,6 +3,8 @@
 
 import importlib
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from safetensors.numpy import load_file
 
 from tests.rl.test_trainer import engine, workload
-from tlt_jax.paths import as_path, write_safetensors, write_whole
+from tlt_jax.paths import as_path, exclusive, write_safetensors, write_whole
 from tlt_jax.rl.compare import read_metrics
 from tlt_jax.rl.grpo import GRPOConfig
 from tlt_jax.rl.metrics import RunWriter
@@ -84,3 +86,23 @@ def test_a_run_writes_its_records_into_a_remote_run_directory(memory_bucket, tmp
   writer.close()
   assert [m["step"] for m in read_metrics("gs://bucket/run")] == [0, 1, 2]
   assert not os.path.exists("gs:")
+
+
+def test_a_cache_entry_is_held_by_one_builder_at_a_time(tmp_path):
+  """A second holder of the entry's lock (another process or thread sharing the cache) waits
+  until the first has built it."""
+  order, held = [], threading.Event()
+
+  def first():
+    with exclusive(tmp_path / "cache" / "entry"):
+      held.set()
+      time.sleep(0.3)
+      order.append("first built it")
+
+  thread = threading.Thread(target=first)
+  thread.start()
+  held.wait()
+  with exclusive(tmp_path / "cache" / "entry"):
+    order.append("second found it")
+  thread.join()
+  assert order == ["first built it", "second found it"]

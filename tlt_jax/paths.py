@@ -6,6 +6,8 @@ that a run reads are local files."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 
 import numpy as np
@@ -56,3 +58,21 @@ def write_safetensors(tensors: dict[str, np.ndarray], path: epath.Path, metadata
     path.write_bytes(save(tensors, metadata=metadata))
   else:
     save_file(tensors, os.fspath(path), metadata=metadata)
+
+
+@contextlib.contextmanager
+def exclusive(path: str | os.PathLike):
+  """Holds an exclusive lock on the cache entry `path` (a local one: `<path>.lock`, which stays
+  behind), so that processes sharing a cache (a sweep, a test suite's workers) build an entry
+  once: the others wait, then find it built. A remote entry is not locked."""
+  if is_remote(path):
+    yield
+    return
+  lock = os.path.abspath(os.fspath(path)) + ".lock"
+  os.makedirs(os.path.dirname(lock), exist_ok=True)
+  with open(lock, "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)

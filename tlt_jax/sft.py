@@ -32,6 +32,7 @@ from tlt_jax.models import Transformer, get_preset, init_model
 from tlt_jax.models.pretrained import load_hf_folder, save_pretrained
 from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.models.transformer import PARAM_LAYOUT
+from tlt_jax.paths import exclusive
 from tlt_jax.tasks import arithmetic
 
 LENGTH_BUCKETS = (64, 128, 256)
@@ -211,17 +212,18 @@ def warm_start(config: ml_collections.ConfigDict,
   if shipped is not None:
     return shipped
   path = cache_path(config)
-  ckpt = Checkpointer(path, keep=1, local=True)
-  if ckpt.latest_step() is not None:
-    abstract = nnx.eval_shape(lambda: init_model(get_preset(config.model), seed=config.seed))
-    graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-    try:
-      params, meta, _ = ckpt.restore(abstract_params)
-      return nnx.merge(graphdef, params), dict(meta, cache=path, cached=True)
-    except CheckpointError as e:
-      raise CheckpointError(f"{e}\nThe warm-start cache at {path} is damaged: delete that "
-                            "directory and it will be re-created.") from e
-  model, summary = train(config, progress=progress)
-  ckpt.save(int(config.train.steps), nnx.state(model, nnx.Param), summary)
-  ckpt.wait()
+  with exclusive(path):  # another process training the same warm start: wait, then load it
+    ckpt = Checkpointer(path, keep=1, local=True)
+    if ckpt.latest_step() is not None:
+      abstract = nnx.eval_shape(lambda: init_model(get_preset(config.model), seed=config.seed))
+      graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+      try:
+        params, meta, _ = ckpt.restore(abstract_params)
+        return nnx.merge(graphdef, params), dict(meta, cache=path, cached=True)
+      except CheckpointError as e:
+        raise CheckpointError(f"{e}\nThe warm-start cache at {path} is damaged: delete that "
+                              "directory and it will be re-created.") from e
+    model, summary = train(config, progress=progress)
+    ckpt.save(int(config.train.steps), nnx.state(model, nnx.Param), summary)
+    ckpt.wait()
   return model, dict(summary, cache=path, cached=False)

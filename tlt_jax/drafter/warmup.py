@@ -33,7 +33,7 @@ from tlt_jax.drafter.warmup_data import WarmupData
 from tlt_jax.hashing import content_digest
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.transformer import PARAM_LAYOUT
-from tlt_jax.paths import as_path, write_safetensors
+from tlt_jax.paths import as_path, exclusive, write_safetensors
 
 SHIPPED_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
                             "drafters")
@@ -293,12 +293,14 @@ def warm_up(target, prompts, params: SamplingParams, *, pad_id: int, dcfg: Draft
       return drafter, dict(meta, cache=os.path.join(SHIPPED_ROOT, name), cached=True,
                            shipped=True, key=key)
   directory = os.path.join(cache_root, "drafter", key)
-  if as_path(directory).is_dir() and Checkpointer(directory, local=True).latest_step() is not None:
-    drafter, meta = load_drafter(directory, target)
-    return drafter, dict(meta, cache=directory, cached=True, shipped=False, key=key)
-  data = warmup_data(target, prompts, params, wcfg, pad_id, cache_root)
-  toks, mask = data.sequences()
-  drafter, metrics = train_on_sequences(target, toks, mask, data, dcfg, tcfg, wcfg, progress)
-  save_drafter(drafter, directory, metrics)
+  with exclusive(directory):  # another process training the same drafter: wait, then load it
+    if (as_path(directory).is_dir()
+        and Checkpointer(directory, local=True).latest_step() is not None):
+      drafter, meta = load_drafter(directory, target)
+      return drafter, dict(meta, cache=directory, cached=True, shipped=False, key=key)
+    data = warmup_data(target, prompts, params, wcfg, pad_id, cache_root)
+    toks, mask = data.sequences()
+    drafter, metrics = train_on_sequences(target, toks, mask, data, dcfg, tcfg, wcfg, progress)
+    save_drafter(drafter, directory, metrics)
   return drafter, dict(metrics, cache=directory, cached=False, shipped=False, key=key,
                        data_loaded=data.loaded)
