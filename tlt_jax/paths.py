@@ -2,7 +2,8 @@
 `etils.epath` paths (orbax uses them too). A local folder and, where epath's backend for it is
 installed, a remote one (`gs://bucket/run`) go through the same calls; the tests cover local
 paths and `gs://` served by an in-memory filesystem, no real bucket. Model folders and datasets
-that a run reads are local files."""
+that a run reads are local files. A cache entry that several processes may build at once
+(a warm start, a warm-up drafter) is built under `exclusive`."""
 
 from __future__ import annotations
 
