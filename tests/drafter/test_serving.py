@@ -161,11 +161,14 @@ def test_an_exported_folder_imports_as_the_same_drafter_and_drafts_exactly(tmp_p
   np.testing.assert_array_equal(sd.tokens, plain.tokens)
 
 
-def test_a_released_style_folder_imports_as_vllm_reads_it_and_a_bad_one_is_one_line(tmp_path):
-  """A folder as the original EAGLE-1 releases are (fc with a bias, a layer-0 input norm) imports
-  as vLLM reads it, both left out (one note each), and gives the vLLM-derived forward's logits;
-  folders that do not fit say what, in one line."""
-  target = init_model(small_config(), seed=0)
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_released_style_folder_imports_as_vllm_reads_it_and_a_bad_one_is_one_line(tmp_path,
+                                                                                     family):
+  """A folder as the original EAGLE-1 releases are (fc with a bias, a layer-0 input norm; for a
+  Qwen2 target, q/k/v biases in its layer) imports as vLLM reads it, both left out (one note
+  each), and gives the vLLM-derived forward's logits; folders that do not fit say what, in one
+  line."""
+  target = init_model(small_config(family=family), seed=0)
   drafter = _perturbed(init_drafter(target.cfg, DrafterConfig(architecture="eagle"), seed=1), 2)
   folder = tmp_path / "released"
   export_drafter(drafter, folder)
@@ -179,8 +182,12 @@ def test_a_released_style_folder_imports_as_vllm_reads_it_and_a_bad_one_is_one_l
   tokens = jax.random.randint(jax.random.key(3), (10,), 0, target.cfg.vocab_size)
   hidden = jax.random.normal(jax.random.key(4), (10, d))
   g, _ = back(target.embed_tokens(tokens[None]), hidden[None])
+  if family == "qwen2":  # the biases are the released folder's, not zeros
+    assert all(tensors[f"layers.0.self_attn.{p}_proj.bias"].any() for p in "qkv")
   table = torch.from_numpy(np.array(target.embed.embedding[...]))
-  theirs = eagle1_logits(folder, table, table, torch.from_numpy(np.array(tokens)),
+  head = table if target.cfg.tie_embeddings else torch.from_numpy(
+      np.asarray(target.lm_head.kernel[...]).T.copy())
+  theirs = eagle1_logits(folder, table, head, torch.from_numpy(np.array(tokens)),
                          torch.from_numpy(np.array(hidden)))
   np.testing.assert_allclose(theirs.numpy(), np.asarray(back.logits(target, g))[0], atol=1e-4)
   config = json.loads((folder / "config.json").read_text())
