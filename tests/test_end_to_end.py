@@ -45,10 +45,9 @@ def test_demo_meets_the_task_properties_and_runs_tlt_against_a_baseline(tmp_path
   assert all(os.path.getsize(p) > 10_000 for p in out["pictures"])
 
 
-def test_bench_rollout_small(tmp_path):
+def test_bench_rollout_small():
   out = last_json(run_module("experiments.bench_rollout",
-                             "--config=experiments/configs/bench_rollout.py:small",
-                             f"--config.cache_dir={tmp_path}"))
+                             "--config=experiments/configs/bench_rollout.py:small"))
   assert out["greedy_exact"] is True and out["layout_invariant"] is True
   assert out["pool_executables"] >= 2 and out["cold_compile_s"] > 0
 
