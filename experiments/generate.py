@@ -55,8 +55,8 @@ _JSON = flags.DEFINE_bool("json", False, "End with one JSON line: text and token
 _DRAFTER = flags.DEFINE_string("drafter", None, "A shipped drafter's name (smollm2) or a drafter "
                                "artifact directory: serve with speculative decoding (exact: the "
                                "same output as without).")
-_COMPARE = flags.DEFINE_bool("compare_plain", False, "With --drafter, also time plain decoding "
-                             "and report the speedup.")
+_COMPARE = flags.DEFINE_bool("compare_plain", False, "With --drafter, also decode plainly: the "
+                             "speedup, and whether the tokens are the same.")
 _DEPTH = flags.DEFINE_integer("draft_depth", 4, "Draft depth (chain length or tree levels).")
 _TREE = flags.DEFINE_list("draft_tree", None, "TOPK,NODES: draft an EAGLE-2 tree expanding the "
                           "TOPK best nodes per level and verifying the NODES best drafts "
@@ -78,7 +78,8 @@ def generate(model, tok, prompts: list[list[int]], params: SamplingParams, seed:
   """The completions' token ids of `prompts` (token ids, decoded as one batch), and with a
   drafter (`drafter`: a shipped drafter's name or an artifact directory; served with speculative
   decoding, a chain of `depth` or a `tree` of (topk, nodes)) its accepted length; with
-  `compare_plain` also the speeds of both, each timed warm."""
+  `compare_plain` also the speeds of both, each timed warm, and whether plain decoding gave the
+  same tokens (`same_as_plain`)."""
   if not drafter:
     gen = generate_plain(model, prompts, jax.random.key(seed), params, pad_id=tok.pad_id)
     return [gen.response(i) for i in range(len(prompts))], {}
@@ -94,11 +95,11 @@ def generate(model, tok, prompts: list[list[int]], params: SamplingParams, seed:
     return ([res.response(i) for i in range(len(prompts))],
             {"accept_len": round(engine.spec.accept_len(), 3)})
   ids, sd_s = _timed(engine, prompts, params, seed)
-  _, plain_s = _timed(RolloutEngine(model, cfg, pad_id=tok.pad_id), prompts, params, seed)
+  plain, plain_s = _timed(RolloutEngine(model, cfg, pad_id=tok.pad_id), prompts, params, seed)
   n = sum(map(len, ids))
   return ids, {"accept_len": round(engine.spec.accept_len(), 3),
                "tokens_per_s": round(n / sd_s, 2), "plain_tokens_per_s": round(n / plain_s, 2),
-               "speedup": round(plain_s / sd_s, 3)}
+               "speedup": round(plain_s / sd_s, 3), "same_as_plain": plain == ids}
 
 
 def _prompt_texts() -> list[str]:
