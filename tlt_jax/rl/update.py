@@ -276,13 +276,14 @@ class PolicyUpdater:
     `prompt_width` and `n` response tokens: on-policy (`old_logp_RxN=None`) or, with
     `off_policy`, with behaviour log-probs given; each micro-batch width (`update_widths`), the
     reference's log-probs when the KL term is on, the optimizer step and the eager ops around
-    them. Runs them on zeros and applies nothing. Returns the number of widths."""
+    them. The narrowest width runs on zeros (its eager ops are every width's), the others are
+    only compiled (running each would cost as much as an update's micro-batch: most of a small
+    run's warm-up); nothing is applied. Returns the number of widths."""
     widths = update_widths(prompt_width + n)
     self._check_rows(rows, prompt_width + n)
     self.batch_rows = rows
     grads = jax.tree.map(jnp.zeros_like, self.params)
-    metrics = None
-    for t in widths:
+    for i, t in enumerate(widths):
       w = min(n, t)
       mb_rows = (budget_rows(self.max_tokens, t, self.row_devices, rows) if self.max_tokens
                  else rows // self.micro)
@@ -290,13 +291,22 @@ class PolicyUpdater:
       mb = PolicyBatch(np.zeros((mb_rows, t), np.int32),
                        np.ones(mb_rows, np.int32), zeros(mb_rows, w), zeros(mb_rows),
                        zeros(mb_rows, w) if off_policy else None, zeros(mb_rows, w))
+      args = (self.params, grads, self._put(mb), jnp.float32(0.0))
       if self.ref_params is not None:
-        self._logprobs(self.ref_params,
-                       distributed.put(mb.tokens_RxL, self._row_shardings.tokens_RxL),
-                       distributed.put(mb.prompt_len_R, self._row_shardings.prompt_len_R), n=w)
-      grads, m, logp = self._grad(self.params, grads, self._put(mb), jnp.float32(0.0))
+        ref_args = (self.ref_params,
+                    distributed.put(mb.tokens_RxL, self._row_shardings.tokens_RxL),
+                    distributed.put(mb.prompt_len_R, self._row_shardings.prompt_len_R))
+        if i:
+          self._logprobs.lower(*ref_args, n=w).compile()
+        else:
+          self._logprobs(*ref_args, n=w)
+      if i == 0:
+        grads, m, logp = self._grad(*args)
+        jax.tree.map(jnp.add, m, m)  # as `update` sums the micro-batches' metrics
+      else:  # a later call with these shapes and layouts finds this executable built
+        logp = self._grad.lower(*args).compile().out_info[2]
+        logp = distributed.put(np.zeros(logp.shape, logp.dtype), logp.sharding)
       distributed.host(logp)  # as `update` reads them back
-      metrics = m if metrics is None else jax.tree.map(jnp.add, metrics, m)
     jax.block_until_ready(self._apply(self.params, self.opt_state, grads))
     return len(widths)
 
