@@ -31,7 +31,9 @@ def test_no_step_compiles_after_warm_up(tmp_path):
                              max_tokens_per_micro_batch=64),  # rows of 28 tokens: 2 to 8 a group
                engine_cfg=EngineConfig(prefill_buckets=(4, 8, 16), batch_buckets=(1, 4, 16),
                                        max_batch=16, steps_per_dispatch=3),
-               learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
+               # The KL term on: the reference's log-probs are programs of every width too.
+               learner=GRPOConfig(kl_coef=0.05),
+               optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
                spec=SpecConfig(threshold=16, arms=arms, min_accept_len=0.0),
                drafter=init_drafter(w.model.cfg, DrafterConfig(), seed=1),
                adaptive=AdaptiveConfig(
