@@ -121,8 +121,8 @@ def workload_config(c: ml_collections.ConfigDict, rollout_keys=("engine",)) -> W
   """The workload of config `c`, checked before any work: `c.model` (name, warm start), `c.task`
   (keys the workload knows; a reward it offers) and the sampling settings of `c.rollout` (whose
   other keys must be among `rollout_keys`)."""
-  model = check_keys(c.model, "model",
-                     ("name", "path", "warm_start", "param_dtype", "compute_dtype"))
+  model = check_keys(c.model, "model", ("name", "path", "warm_start",
+                                         *(f.name for f in dataclasses.fields(Precision))))
   kind = get_workload(model.get("name"))
   if model.get("path") and not kind.takes_path:
     raise ConfigError(f"config.model.path: the {model['name']} workload has its own model; a "

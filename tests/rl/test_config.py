@@ -140,6 +140,11 @@ def test_the_precision_policy_is_read_from_the_model_section():
   rc = run_config(c)
   assert rc.workload.precision == Precision("float32", "bfloat16")
   assert rc.engine.cache_dtype == "bfloat16"
+  c.model.numerics = "invariant"  # every key of the section (docs/CONFIG.md lists it)
+  assert run_config(c).workload.precision == Precision("float32", "bfloat16", "invariant")
+  c.model.numerics = "exact"
+  with pytest.raises(ConfigError, match="numerics='exact' is not one of fast, invariant"):
+    run_config(c)
 
 
 def test_a_tlt_config_s_drafter_sections_are_checked():
