@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 from jax.experimental.compilation_cache import compilation_cache
 
-from tests.conftest import run_on_fake_devices, small_config
+from tests.conftest import jit_forward, run_on_fake_devices, small_config
 from tests.statistics import chi_square_pvalue
 from tlt_jax.models import init_model
 from tlt_jax.models.sampling import SamplingParams, processed_logprobs
@@ -97,16 +97,22 @@ def test_logprobs_and_hidden_states_equal_a_full_forward(model, params):
       isinstance(a, jax.Array) and a.devices() <= set(eng.devices)
       for p in res.hidden.pieces for a in (p.hidden_BxNxD, p.prompt_hidden_BxD))
   hidden, prompt_hidden = res.hidden.to_host()
+  # One forward over the six sequences, right-padded (a causal model's positions before the
+  # padding do not see it): one program, not one per sequence length.
+  seqs = [prompts[i // 2] + res.response(i) for i in range(6)]
+  batch = np.zeros((6, max(map(len, seqs))), np.int32)
+  for i, seq in enumerate(seqs):
+    batch[i, : len(seq)] = seq
+  out = jit_forward(model, jnp.asarray(batch))
+  logp_all = jax.jit(lambda x: processed_logprobs(x, params))(out.logits_BxTxV)
   for i in range(6):
     prompt, resp = prompts[i // 2], res.response(i)
-    seq = jnp.asarray([prompt + resp])
-    out = model(seq)
-    logp = processed_logprobs(out.logits_BxTxV[0, len(prompt) - 1: -1], params)
-    want = np.asarray(jnp.take_along_axis(logp, jnp.asarray(resp)[:, None], axis=1)[:, 0])
+    logp = np.asarray(logp_all[i, len(prompt) - 1: len(seqs[i]) - 1])
+    want = np.take_along_axis(logp, np.asarray(resp)[:, None], axis=1)[:, 0]
     np.testing.assert_allclose(res.logprobs[i, : len(resp)], want, atol=1e-4)
-    np.testing.assert_allclose(hidden[i, : len(resp)], out.hidden_BxTxD[0, len(prompt):],
-                               atol=1e-4)
-    np.testing.assert_allclose(prompt_hidden[i], out.hidden_BxTxD[0, len(prompt) - 1],
+    np.testing.assert_allclose(hidden[i, : len(resp)],
+                               out.hidden_BxTxD[i, len(prompt): len(seqs[i])], atol=1e-4)
+    np.testing.assert_allclose(prompt_hidden[i], out.hidden_BxTxD[i, len(prompt) - 1],
                                atol=1e-4)
     assert not np.any(hidden[i, len(resp):])  # nothing past the end
 
