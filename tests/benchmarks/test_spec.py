@@ -74,7 +74,11 @@ def test_the_fixed_length_sweep_emits_the_same_tokens_under_either_rule(rule):
   for r in rows:
     assert r["plain_tokens"] == r["sd_tokens"] == 12 * r["rows"]
     assert r["speedup_min"] <= r["speedup"] <= r["speedup_max"]
-    assert r["speedup"] == pytest.approx(r["plain_s"] / r["sd_s"], rel=0.5)
+    # Two rounds: the median seconds are their means, so the ratio of the medians is the
+    # mediant of the rounds' ratios and lies between them however the machine's speed swings
+    # (the slack is the figures' rounding to 3 and 4 decimals).
+    assert (0.99 * r["speedup_min"] - 1e-3 <= r["plain_s"] / r["sd_s"]
+            <= 1.01 * r["speedup_max"] + 1e-3)
     assert r["predicted"] > 0 and 1.0 <= r["accept_len_to_eos"] and 1.0 <= r["accept_len"]
     assert r["verify_ms"] > 0 and r["sd_step_ms"] > 0 and r["c1_ms"] > 0
     assert (r["draft_ms"] > 0) == (r["arm"] == "eagle_d3")
