@@ -1,6 +1,6 @@
 """A drafter exported in the EAGLE-1 layout is checked against the serving side, not against
-ourselves: a PyTorch forward written from vLLM's EAGLE-1 model
-(`vllm/model_executor/models/llama_eagle.py`: `fc` over [token embedding, target hidden] without a
+ourselves: a PyTorch forward written from vLLM's EAGLE-1 model (`experiments/benchmarks/served.py`'s
+`Eagle1`, from `vllm/model_executor/models/llama_eagle.py`: `fc` over [token embedding, target hidden] without a
 bias, decoder layer 0 without its input norm, no output norm, the target's head on the layer's
 output; Hugging Face's rotate-half RoPE) reads only the exported folder and the target's embedding
 and head, and gives the logits our "eagle" drafter gives."""
@@ -14,6 +14,7 @@ import torch
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
+from experiments.benchmarks.served import Eagle1
 from tests.conftest import small_config
 from tests.spec.test_spec_engine import _prompts, peaked_model
 from tests.test_launchers import run_module
@@ -27,46 +28,6 @@ from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.strategy import SpecConfig, Strategy
-
-
-def _rms(x, w, eps):
-  return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def _rope(x_TxHxE, theta):
-  """Hugging Face's rotate-half rotary embedding at positions 0..T-1."""
-  t, _, e = x_TxHxE.shape
-  inv = 1.0 / theta ** (torch.arange(0, e, 2, dtype=torch.float64) / e)
-  ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None]
-  cos = torch.cat([ang.cos(), ang.cos()], -1).float()[:, None]
-  sin = torch.cat([ang.sin(), ang.sin()], -1).float()[:, None]
-  rotated = torch.cat([-x_TxHxE[..., e // 2:], x_TxHxE[..., : e // 2]], -1)
-  return x_TxHxE * cos + rotated * sin
-
-
-def eagle1_logits(folder, embed_VxD, head_VxD, tokens_T, hidden_TxD):
-  """vLLM's EAGLE-1 drafter over one sequence (position t reads the token after t and the
-  target's hidden state at t), as logits of the target's head."""
-  c = json.loads((folder / "config.json").read_text())
-  w = {k: torch.from_numpy(v) for k, v in load_file(folder / "model.safetensors").items()}
-  p = "layers.0."
-  lin = lambda x, name: x @ w[f"{p}{name}.weight"].T + (w[f"{p}{name}.bias"]
-                                                        if f"{p}{name}.bias" in w else 0)
-  x = torch.cat([embed_VxD[tokens_T], hidden_TxD], -1) @ w["fc.weight"].T  # vLLM: no fc bias
-  t, h, kv = len(tokens_T), c["num_attention_heads"], c["num_key_value_heads"]
-  e = c["head_dim"]
-  q = _rope(lin(x, "self_attn.q_proj").view(t, h, e), c["rope_theta"])  # input norm: identity
-  k = _rope(lin(x, "self_attn.k_proj").view(t, kv, e), c["rope_theta"])
-  v = lin(x, "self_attn.v_proj").view(t, kv, e)
-  k, v = k.repeat_interleave(h // kv, 1), v.repeat_interleave(h // kv, 1)
-  scores = torch.einsum("qhe,khe->hqk", q, k) / e ** 0.5
-  scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
-  attn = torch.einsum("hqk,khe->qhe", scores.softmax(-1), v).reshape(t, h * e)
-  x = x + lin(attn, "self_attn.o_proj")
-  m = _rms(x, w[f"{p}post_attention_layernorm.weight"], c["rms_norm_eps"])
-  x = x + lin(torch.nn.functional.silu(lin(m, "mlp.gate_proj")) * lin(m, "mlp.up_proj"),
-              "mlp.down_proj")
-  return x @ head_VxD.T  # no output norm
 
 
 def _perturbed(module, seed):
@@ -92,8 +53,8 @@ def test_an_exported_eagle_drafter_gives_vllm_s_eagle1_logits(tmp_path, family):
   table = torch.from_numpy(np.array(target.embed.embedding[...]))
   head = table if target.cfg.tie_embeddings else torch.from_numpy(
       np.asarray(target.lm_head.kernel[...]).T.copy())
-  theirs = eagle1_logits(tmp_path, table, head, torch.from_numpy(np.array(tokens)),
-                         torch.from_numpy(np.array(hidden)))
+  theirs, _ = Eagle1(tmp_path, table, head).forward(torch.from_numpy(np.array(tokens)),
+                                                     torch.from_numpy(np.array(hidden)))
   np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-4, rtol=0)
   assert np.abs(ours).max() > 0.1  # the logits are not all near zero
   tensors = load_file(tmp_path / "model.safetensors")
@@ -187,8 +148,8 @@ def test_a_released_style_folder_imports_as_vllm_reads_it_and_a_bad_one_is_one_l
   table = torch.from_numpy(np.array(target.embed.embedding[...]))
   head = table if target.cfg.tie_embeddings else torch.from_numpy(
       np.asarray(target.lm_head.kernel[...]).T.copy())
-  theirs = eagle1_logits(folder, table, head, torch.from_numpy(np.array(tokens)),
-                         torch.from_numpy(np.array(hidden)))
+  theirs, _ = Eagle1(folder, table, head).forward(torch.from_numpy(np.array(tokens)),
+                                                   torch.from_numpy(np.array(hidden)))
   np.testing.assert_allclose(theirs.numpy(), np.asarray(back.logits(target, g))[0], atol=1e-4)
   config = json.loads((folder / "config.json").read_text())
   for name, change, message in [
