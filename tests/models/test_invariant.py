@@ -1,14 +1,16 @@
 """Invariant numerics: a position's logits and hidden states are bitwise the same in every call
 that computes them (exact `==`, float32 and bfloat16, CPU)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from tests.conftest import jit_forward, small_config
+from tests.test_launchers import last_json, run_module
 from tlt_jax.drafter.warmup import target_fingerprint
-from tlt_jax.models import init_model
+from tlt_jax.models import init_model, invariant
 from tlt_jax.models import kv_cache as kvc
 
 ROWS, LENGTH = 8, 24
@@ -16,9 +18,11 @@ _cached_call = nnx.jit(lambda model, tokens, cache: model(tokens, cache))
 
 
 def _model(dtype: str, numerics: str):
-  # 5 query heads over 1 kv head: a decode step's attention has 5 query rows, a verify of 4 has 20
-  return init_model(small_config(n_heads=4, n_kv_heads=1, dtype=dtype, numerics=numerics,
-                                 max_seq_len=96), seed=0)
+  # 4 query heads over 1 kv head: a decode step's attention has 4 query rows, a verify of 4 has
+  # 16; heads of 64 (SmolLM2's, Llama's: there XLA:CPU computes a product of a few query rows
+  # otherwise than one of many, which heads of 8 hide)
+  return init_model(small_config(n_heads=4, n_kv_heads=1, head_dim=64, dtype=dtype,
+                                 numerics=numerics, max_seq_len=96), seed=0)
 
 
 def _tokens(cfg):
@@ -44,6 +48,27 @@ def _cached(model, tokens, rows, chunks, slots=96):
 CALLS = [(list(range(ROWS)), [8] + [1] * 16, 96), ([3], [8] + [1] * 16, 96),
          (list(range(ROWS)), [8, 4, 4, 4, 4], 96), ([0, 5, 6], [6, 9, 1, 4, 4], 96),
          ([2, 7], [24], 40)]
+
+
+@pytest.mark.parametrize("head_dim", [8, 64])
+def test_attention_gives_a_query_row_the_same_numbers_in_every_call(head_dim):
+  """The attention alone, float32: a query's output is bitwise the same among all 48 queries of a
+  full forward, in a decode step or a chain verify of 4 (alone or beside another row) and over
+  a longer cache whose extra slots it does not see."""
+  rng = np.random.default_rng(0)
+  b, kh, g, s = 2, 3, 3, 128
+  q = jnp.asarray(rng.standard_normal((b, 48, kh * g, head_dim)), jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((b, kh, 192, head_dim)), jnp.float32) for _ in "kv")
+  visible = jnp.asarray(np.tril(np.ones((48, 192), bool), k=40)[None].repeat(b, 0))
+  call = jax.jit(invariant.attention)
+  full = np.asarray(call(q, k[:, :, :s], v[:, :, :s], visible[..., :s]))
+  for rows, start, t, slots in [((0, 1), 40, 1, s), ((1,), 44, 1, s), ((0, 1), 40, 4, s),
+                                ((0,), 43, 4, 192)]:
+    r = np.asarray(rows)
+    got = call(q[r, start:start + t], k[r, :, :slots], v[r, :, :slots],
+               visible[r, start:start + t, :slots])
+    np.testing.assert_array_equal(np.asarray(got), full[r, start:start + t],
+                                  err_msg=f"{rows} {start} {t} {slots}")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -128,3 +153,14 @@ def test_invariant_numerics_are_the_same_model():
   tokens = jnp.asarray(_tokens(fast.cfg))
   np.testing.assert_allclose(np.asarray(jit_forward(inv, tokens).logits_BxTxV),
                              np.asarray(jit_forward(fast, tokens).logits_BxTxV), atol=1e-5)
+
+
+
+def test_the_log_probs_a_gradient_program_computes_are_the_forward_s():
+  """The update recomputes the rollout's log-probs inside its gradient program, where XLA fuses
+  the log-softmax otherwise: over SmolLM2's 49k vocabulary, under XLA's default flags (the
+  suite's cheap ones hide it), "fast" numerics come out ulps apart there; invariant numerics
+  bitwise equal."""
+  diff = {n: last_json(run_module("tests.models.gradient_logprobs", n, timeout=300,
+                                  fast_compile=False))["max_diff"] for n in ("invariant", "fast")}
+  assert diff["invariant"] == 0.0 and diff["fast"] > 0.0, diff

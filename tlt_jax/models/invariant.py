@@ -8,11 +8,12 @@ one of 16, a fused reduce vectorises by its output's shape; on a GPU cuBLAS pick
 split-K by shape. So here no reduction's shape depends on the call:
 - every row-wise step (the norms, the projections, RoPE, the MLP, the head) runs over tiles of
   `ROW_TILE` rows, one loop body of one shape (`lax.map`) whatever the number of rows;
-- attention reads the keys in blocks of `KEY_BLOCK` slots. Scores and weighted values are
-  batched products whose batch is (row, kv head, block) and whose every element has the
-  contraction of one head (scores) or one block (values), at least two query rows: each element
-  runs alike whatever the batch and the number of query rows (tests/models/test_invariant.py
-  holds XLA to it). The softmax's maximum is exact in any order; its sum rides along as a column
+- attention reads the keys in blocks of `KEY_BLOCK` slots and the query rows of a kv head in
+  tiles of `Q_TILE`, one tile per loop step. Scores and weighted values are batched products
+  whose batch is (row, kv head, block) and whose every element has `Q_TILE` query rows and the
+  contraction of one head (scores) or one block (values): each element runs alike whatever the
+  batch (tests/models/test_invariant.py holds XLA to it; a product of a few query rows runs
+  otherwise than one of many, with heads of 64). The softmax's maximum is exact in any order; its sum rides along as a column
   of ones beside the values; the blocks' partial sums are added one after another in slot order,
   so the blocks a query does not see (past its position, or past a shorter call's last slot) add
   exact zeros.
@@ -32,6 +33,7 @@ from tlt_jax.models import kv_cache as kvc
 
 ROW_TILE = 16   # rows of each row-wise loop step
 KEY_BLOCK = 64  # key slots of each attention block
+Q_TILE = 4      # query rows (of one kv head) of each attention product
 EXP_TILE = 512  # blocks of scores per step of the softmax's exponentials
 _NEG = -1e30    # a score no query sees (finite: the masked terms' gradients stay finite)
 
@@ -70,36 +72,44 @@ def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, visible_BxTxS) -> jax.Array:
   pad = nb * KEY_BLOCK - s
   blocks = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, pad), (0, 0)]).reshape(
       b, kh, nb, KEY_BLOCK, x.shape[-1])
-  # Query rows of kv head k: its G heads, each over the T tokens; at least two rows (a product
-  # of one row takes another kernel).
-  q_BxKxMxH = q_BxTxNxH.reshape(b, t, kh, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, h)
-  m_rows = max(g * t, 2)
-  q_BxKxMxH = jnp.pad(q_BxKxMxH, [(0, 0), (0, 0), (0, m_rows - g * t), (0, 0)])
-  q_BxKxJxMxH = jnp.broadcast_to(q_BxKxMxH[:, :, None], (b, kh, nb, m_rows, h))
-  scores = jax.lax.dot_general(q_BxKxJxMxH, blocks(k_BxKxSxH),
-                               (((4,), (4,)), ((0, 1, 2), (0, 1, 2))),
-                               preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(h))
-  vis = jnp.pad(visible_BxTxS, [(0, 0), (0, 0), (0, pad)]).reshape(b, 1, t, nb, KEY_BLOCK)
-  vis = jnp.broadcast_to(vis[:, :, None], (b, 1, g, t, nb, KEY_BLOCK)).reshape(b, 1, g * t, nb,
-                                                                              KEY_BLOCK)
-  vis = jnp.pad(vis, [(0, 0), (0, 0), (0, m_rows - g * t), (0, 0), (0, 0)])
-  vis_BxKxJxMxC = jnp.broadcast_to(vis.transpose(0, 1, 3, 2, 4), scores.shape)
-  scores = jnp.where(vis_BxKxJxMxC, scores, _NEG)
-  top = jnp.broadcast_to(jnp.max(scores, axis=(2, 4), keepdims=True), scores.shape)  # exact
-  # XLA:CPU computes exp otherwise in a vectorised loop and in its scalar remainder, where an
-  # element falls by the array's shape: every exponential in one loop body of one shape.
-  p = row_map(lambda s, m, seen: jnp.where(seen, jnp.exp(s - m), 0.0),
-              *(x.reshape(-1, KEY_BLOCK) for x in (scores, top, vis_BxKxJxMxC)),
-              tile=EXP_TILE).reshape(scores.shape)
-  v_ext = blocks(jnp.concatenate([v_BxKxSxH.astype(jnp.float32),
-                                  jnp.ones((b, kh, s, 1), jnp.float32)], axis=-1))
-  part_BxKxJxMxH1 = jax.lax.dot_general(p, v_ext, (((4,), (3,)), ((0, 1, 2), (0, 1, 2))),
-                                        preferred_element_type=jnp.float32)
-  total = part_BxKxJxMxH1[:, :, 0]
-  for j in range(1, nb):  # in slot order
-    total = total + part_BxKxJxMxH1[:, :, j]
-  # A row's sum is at least 1 (its largest term is exp(0)); the padding rows' 0 divides by 1.
-  out_BxKxMxH = (total[..., :h] / jnp.maximum(total[..., h:], 1.0))[:, :, :g * t]
+  keys_BxKxJxCxH = blocks(k_BxKxSxH)
+  v_ext_BxKxJxCxH1 = blocks(jnp.concatenate([v_BxKxSxH.astype(jnp.float32),
+                                             jnp.ones((b, kh, s, 1), jnp.float32)], axis=-1))
+  # Query rows of kv head k: its G heads, each over the T tokens, in tiles of Q_TILE rows (zero
+  # rows pad the last), so that every product has Q_TILE query rows whatever the call.
+  m = g * t
+  mt = -(-m // Q_TILE)
+  q_BxKxMxH = q_BxTxNxH.reshape(b, t, kh, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kh, m, h)
+  q_IxBxKxQxH = jnp.pad(q_BxKxMxH, [(0, 0), (0, 0), (0, mt * Q_TILE - m), (0, 0)]).reshape(
+      b, kh, mt, Q_TILE, h).transpose(2, 0, 1, 3, 4)
+  vis_BxMxS = jnp.broadcast_to(visible_BxTxS[:, None], (b, g, t, s)).reshape(b, m, s)
+  vis_IxBxJxQxC = jnp.pad(vis_BxMxS, [(0, 0), (0, mt * Q_TILE - m), (0, pad)]).reshape(
+      b, mt, Q_TILE, nb, KEY_BLOCK).transpose(1, 0, 3, 2, 4)
+
+  def tile(q_1xBxKxQxH, vis_1xBxJxQxC):
+    q_BxKxJxQxH = jnp.broadcast_to(q_1xBxKxQxH[0][:, :, None], (b, kh, nb, Q_TILE, h))
+    scores = jax.lax.dot_general(q_BxKxJxQxH, keys_BxKxJxCxH,
+                                 (((4,), (4,)), ((0, 1, 2), (0, 1, 2))),
+                                 preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(h))
+    seen = jnp.broadcast_to(vis_1xBxJxQxC[0][:, None], scores.shape)
+    scores = jnp.where(seen, scores, _NEG)
+    top = jnp.broadcast_to(jnp.max(scores, axis=(2, 4), keepdims=True), scores.shape)  # exact
+    # XLA:CPU computes exp otherwise in a vectorised loop and in its scalar remainder, where an
+    # element falls by the array's shape: every exponential in one loop body of one shape.
+    p = row_map(lambda x, top_, seen_: jnp.where(seen_, jnp.exp(x - top_), 0.0),
+                *(x.reshape(-1, KEY_BLOCK) for x in (scores, top, seen)),
+                tile=EXP_TILE).reshape(scores.shape)
+    part_BxKxJxQxH1 = jax.lax.dot_general(p, v_ext_BxKxJxCxH1,
+                                          (((4,), (3,)), ((0, 1, 2), (0, 1, 2))),
+                                          preferred_element_type=jnp.float32)
+    total = part_BxKxJxQxH1[:, :, 0]
+    for j in range(1, nb):  # in slot order
+      total = total + part_BxKxJxQxH1[:, :, j]
+    # A row's sum is at least 1 (its largest term is exp(0)); the padding rows' 0 divides by 1.
+    return (total[..., :h] / jnp.maximum(total[..., h:], 1.0))[None]
+
+  out_IxBxKxQxH = row_map(tile, q_IxBxKxQxH, vis_IxBxJxQxC, tile=1)
+  out_BxKxMxH = out_IxBxKxQxH.transpose(1, 2, 0, 3, 4).reshape(b, kh, mt * Q_TILE, h)[:, :, :m]
   out = out_BxKxMxH.reshape(b, kh, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
   return out.astype(v_BxKxSxH.dtype)
 
