@@ -34,6 +34,7 @@ from tlt_jax.models import kv_cache as kvc
 ROW_TILE = 16   # rows of each row-wise loop step
 KEY_BLOCK = 64  # key slots of each attention block
 Q_TILE = 4      # query rows (of one kv head) of each attention product
+FEW_TILES = 4   # query tiles up to which attention runs tile by tile (decode steps, verifies)
 EXP_TILE = 512  # blocks of scores per step of the softmax's exponentials
 _NEG = -1e30    # a score no query sees (finite: the masked terms' gradients stay finite)
 
@@ -86,29 +87,42 @@ def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, visible_BxTxS) -> jax.Array:
   vis_IxBxJxQxC = jnp.pad(vis_BxMxS, [(0, 0), (0, mt * Q_TILE - m), (0, pad)]).reshape(
       b, mt, Q_TILE, nb, KEY_BLOCK).transpose(1, 0, 3, 2, 4)
 
-  def tile(q_1xBxKxQxH, vis_1xBxJxQxC):
+  # Each step below runs on tiles `[I, ...]` (I query tiles); its products, in loops of one
+  # shape, one tile a step.
+  def scores_of(q_1xBxKxQxH):
     q_BxKxJxQxH = jnp.broadcast_to(q_1xBxKxQxH[0][:, :, None], (b, kh, nb, Q_TILE, h))
-    scores = jax.lax.dot_general(q_BxKxJxQxH, keys_BxKxJxCxH,
-                                 (((4,), (4,)), ((0, 1, 2), (0, 1, 2))),
-                                 preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(h))
-    seen = jnp.broadcast_to(vis_1xBxJxQxC[0][:, None], scores.shape)
-    scores = jnp.where(seen, scores, _NEG)
-    top = jnp.broadcast_to(jnp.max(scores, axis=(2, 4), keepdims=True), scores.shape)  # exact
+    return jax.lax.dot_general(q_BxKxJxQxH, keys_BxKxJxCxH,
+                               (((4,), (4,)), ((0, 1, 2), (0, 1, 2))),
+                               preferred_element_type=jnp.float32)[None]
+
+  def weights_of(scores, vis_IxBxJxQxC):
+    seen = jnp.broadcast_to(vis_IxBxJxQxC[:, :, None], scores.shape)
+    scores = jnp.where(seen, scores / jnp.sqrt(jnp.float32(h)), _NEG)
+    top = jnp.broadcast_to(jnp.max(scores, axis=(3, 5), keepdims=True), scores.shape)  # exact
     # XLA:CPU computes exp otherwise in a vectorised loop and in its scalar remainder, where an
     # element falls by the array's shape: every exponential in one loop body of one shape.
-    p = row_map(lambda x, top_, seen_: jnp.where(seen_, jnp.exp(x - top_), 0.0),
-                *(x.reshape(-1, KEY_BLOCK) for x in (scores, top, seen)),
-                tile=EXP_TILE).reshape(scores.shape)
-    part_BxKxJxQxH1 = jax.lax.dot_general(p, v_ext_BxKxJxCxH1,
-                                          (((4,), (3,)), ((0, 1, 2), (0, 1, 2))),
-                                          preferred_element_type=jnp.float32)
-    total = part_BxKxJxQxH1[:, :, 0]
-    for j in range(1, nb):  # in slot order
-      total = total + part_BxKxJxQxH1[:, :, j]
-    # A row's sum is at least 1 (its largest term is exp(0)); the padding rows' 0 divides by 1.
-    return (total[..., :h] / jnp.maximum(total[..., h:], 1.0))[None]
+    return row_map(lambda x, top_, seen_: jnp.where(seen_, jnp.exp(x - top_), 0.0),
+                   *(x.reshape(-1, KEY_BLOCK) for x in (scores, top, seen)),
+                   tile=EXP_TILE).reshape(scores.shape)
 
-  out_IxBxKxQxH = row_map(tile, q_IxBxKxQxH, vis_IxBxJxQxC, tile=1)
+  def values_of(p_1xBxKxJxQxC):
+    return jax.lax.dot_general(p_1xBxKxJxQxC[0], v_ext_BxKxJxCxH1,
+                               (((4,), (3,)), ((0, 1, 2), (0, 1, 2))),
+                               preferred_element_type=jnp.float32)[None]
+
+  def normalised(part_IxBxKxJxQxH1):
+    total = part_IxBxKxJxQxH1[:, :, :, 0]
+    for j in range(1, nb):  # in slot order
+      total = total + part_IxBxKxJxQxH1[:, :, :, j]
+    # A row's sum is at least 1 (its largest term is exp(0)); the padding rows' 0 divides by 1.
+    return total[..., :h] / jnp.maximum(total[..., h:], 1.0)
+
+  if mt <= FEW_TILES:  # a decode step or a verify: each tile all the way in one loop step
+    out_IxBxKxQxH = row_map(lambda q, vis: normalised(values_of(weights_of(scores_of(q), vis))),
+                            q_IxBxKxQxH, vis_IxBxJxQxC, tile=1)
+  else:  # the same steps, each over every tile
+    p = weights_of(row_map(scores_of, q_IxBxKxQxH, tile=1), vis_IxBxJxQxC)
+    out_IxBxKxQxH = normalised(row_map(values_of, p, tile=1))
   out_BxKxMxH = out_IxBxKxQxH.transpose(1, 2, 0, 3, 4).reshape(b, kh, mt * Q_TILE, h)[:, :, :m]
   out = out_BxKxMxH.reshape(b, kh, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
   return out.astype(v_BxKxSxH.dtype)
