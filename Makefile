@@ -7,6 +7,11 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --no-compile
 export PYTHONUNBUFFERED := 1
 # Test workers (pytest-xdist): most tests compile or dispatch on one core, so two share the machine.
+# The fast suite hands each worker whole files (`--dist loadfile`): a file's tests share the
+# programs, trained drafters and reference rollouts that its first test builds, which a worker
+# handed single tests built again (8 % of the suite's work). The slow suite's tests are end-to-end
+# runs of minutes each, handed out as workers free up (`--maxschedchunk=1`, not in batches that
+# leave one worker a queue while the other idles), the `long` ones first (tests/conftest.py).
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test test-slow test-gpu install smollm2 warmstart pictures clean-cache bench-gpu wheels \
@@ -44,10 +49,10 @@ demo: $(VENV)/.base
 	$(PY) -m experiments.demo --config=experiments/configs/demo.py
 
 test: $(VENV)/.test $(VENV)/.smollm2 $(VENV)/.speculators
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not gpu" --durations=25
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not slow and not gpu" --durations=25
 
 test-slow: $(VENV)/.test $(VENV)/.smollm2 $(VENV)/.speculators
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "slow and not gpu" --durations=25
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=1 -m "slow and not gpu" --durations=25
 
 # On a GPU box with a network: the `gpu` extra (jax[cuda12], jax-triton, pytest) into .venv, then
 # the tests that execute the Pallas kernel and SD through it on the GPU (tests/kernels/test_gpu.py;

@@ -59,9 +59,9 @@ from tlt_jax.models import ModelConfig, init_model
 
 
 def pytest_collection_modifyitems(items):
-  """Tests marked `long` run first, the rest in collection order: pytest-xdist hands tests to its
-  workers in that order, and a long test handed out last keeps one worker busy while the other
-  has nothing left (the SFT launcher's ~60 s test sat near the end of the suite)."""
+  """Tests marked `long` run first, the rest in collection order: pytest-xdist hands tests (with
+  `--dist loadfile`, their files) to its workers in that order, and a long test handed out last
+  keeps one worker busy while the other has nothing left."""
   items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
