@@ -19,6 +19,7 @@ from tests.test_launchers import last_json, run_module
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.long  # the slow suite's longest (~8 min): started first
 @pytest.mark.timeout(2900)  # on a fresh clone: the drafter's warm-up, every program built cold,
 # beside the other slow tests (pytest -n 2) on a 2-core machine
 def test_demo_meets_the_task_properties_and_runs_tlt_against_a_baseline(tmp_path):

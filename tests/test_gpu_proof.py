@@ -50,7 +50,7 @@ def test_a_part_cut_short_in_transit_is_one_line(tmp_path):
     gpu_bundle.join(str(bundle))
 
 
-@pytest.mark.long
+@pytest.mark.slow  # the proof's launcher end to end: two GRPO runs, rollouts, costs (~1 min)
 def test_the_dry_run_writes_every_phase_and_a_second_call_goes_on_where_it_stopped(tmp_path):
   out = last_json(run_module("experiments.gpu_proof", "--dry_run", f"--out_dir={tmp_path}"))
   assert out["phases"] == list(proof.PHASES)

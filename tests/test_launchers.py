@@ -39,7 +39,7 @@ def last_json(proc: subprocess.CompletedProcess) -> dict:
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.long
+@pytest.mark.slow  # the SFT launcher end to end, twice (~40 s)
 def test_sft_launcher_small_trains_then_reuses_its_cache(tmp_path):
   args = ("--config=experiments/configs/sft_tiny.py:small", f"--config.cache_dir={tmp_path}")
   first = run_module("experiments.sft_warmstart", *args, fast_compile=False)  # training-bound

@@ -8,7 +8,7 @@ and the Qwen2.5-1.5B shape's costs and update step. docs/GPU.md says how a windo
 
 Run (on the GPU box, after the bundle's parts have travelled):
   python -m experiments.gpu_proof
-The dry run (CPU, toy sizes, every phase; part of `make test`):
+The dry run (CPU, toy sizes, every phase; part of `make test-slow`):
   python -m experiments.gpu_proof --dry_run --out_dir=/tmp/proof
 """
 

@@ -65,7 +65,7 @@ def _json_of(out: str, prefix: str = "") -> dict:
                     [len(prefix):])
 
 
-@pytest.mark.long
+@pytest.mark.slow  # three processes, each building its rollout programs (~40 s)
 def test_a_rollout_spread_over_processes_in_tp_shards_gives_the_tokens_of_one_process():
   one = _run([PY, "-m", "tests.distributed.rollout_worker"], 300)
   assert one.returncode == 0, one.stdout[-3000:]
@@ -161,6 +161,7 @@ def _kill_after_first_checkpoint(out_dir, *args: str, devices: int,
 
 
 @pytest.mark.slow
+@pytest.mark.long  # its second longest (~4.5 min): started first, beside the demo
 # Three runs, two of them 2 processes x 2 devices, each with its own warm-up: 434 s beside the
 # SmolLM2 drafter's warm-up on the other worker (2026-11-27), past the suite's 900 s on a loaded
 # machine before.
