@@ -65,7 +65,7 @@ def _json_of(out: str, prefix: str = "") -> dict:
                     [len(prefix):])
 
 
-@pytest.mark.slow  # three processes, each building its rollout programs (~40 s)
+@pytest.mark.long
 def test_a_rollout_spread_over_processes_in_tp_shards_gives_the_tokens_of_one_process():
   one = _run([PY, "-m", "tests.distributed.rollout_worker"], 300)
   assert one.returncode == 0, one.stdout[-3000:]

@@ -39,7 +39,6 @@ def _files(directory) -> dict:
   return out
 
 
-@pytest.mark.slow  # four launches of the `tiny_baseline:small` recipe into one directory
 def test_a_run_directory_takes_no_other_run_and_records_each_launch(tmp_path):
   out = tmp_path / "run"
   run(run_config(_config(out)), progress=False)
@@ -104,7 +103,6 @@ def _tlt(out_dir, steps):
   return run_config(c)
 
 
-@pytest.mark.slow  # three runs of the `tiny_tlt:small` recipe
 def test_the_adaptive_drafter_s_buffer_and_version_survive_a_resume(tmp_path):
   """`tiny_tlt:small` (one device, two drafter steps per RL step) straight to step 2, and to
   step 1 then resumed: the same buffer (tokens, lengths, steps, versions; hidden states within
