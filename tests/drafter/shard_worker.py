@@ -25,10 +25,12 @@ def run(adaptive):
   w = workload()
   drafter = _trained_drafter(w.model, steps=20)[0]
   tr = Trainer(w, LoopConfig(tempfile.mkdtemp(), steps=3, prompts_per_step=4, group_size=4),
+               # One batch bucket and one arm: the fewest programs (idle windows and publishing
+               # do not depend on compaction or on the arms).
                engine_cfg=EngineConfig(precompile=False, prefill_buckets=(16,), num_shards=2,
-                                       batch_buckets=(2, 8), max_batch=8),
+                                       batch_buckets=(8,), max_batch=8),
                learner=GRPOConfig(), optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10),
-               spec=SpecConfig(threshold=8, rule="coupled", arms=EAGLE, min_accept_len=0.0),
+               spec=SpecConfig(threshold=8, rule="coupled", arms=EAGLE[:1], min_accept_len=0.0),
                drafter=drafter, adaptive=adaptive)
   windows = []  # per rollout: device id -> absolute time its shard went idle
   generate = tr.engine.generate
