@@ -10,11 +10,9 @@ import json
 import jax
 import numpy as np
 import pytest
-import torch
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from experiments.benchmarks.served import Eagle1
 from tests.conftest import small_config
 from tests.spec.test_spec_engine import _prompts, peaked_model
 from tests.test_launchers import run_module
@@ -40,6 +38,20 @@ def _perturbed(module, seed):
   return module
 
 
+def _vllm_eagle1_logits(folder, target, tokens, hidden) -> np.ndarray:
+  """The logits of the vLLM-derived PyTorch forward (`served.Eagle1`) of the drafter folder, fed
+  the target's embedding and head. torch is imported here, not at the top: a pytest worker that
+  collects this file without running it does not pay for it."""
+  import torch
+  from experiments.benchmarks.served import Eagle1
+  table = torch.from_numpy(np.array(target.embed.embedding[...]))
+  head = table if target.cfg.tie_embeddings else torch.from_numpy(
+      np.asarray(target.lm_head.kernel[...]).T.copy())
+  theirs, _ = Eagle1(folder, table, head).forward(torch.from_numpy(np.array(tokens)),
+                                                   torch.from_numpy(np.array(hidden)))
+  return theirs.numpy()
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_an_exported_eagle_drafter_gives_vllm_s_eagle1_logits(tmp_path, family):
   """Interleaved RoPE (a GGUF's) and grouped-query heads; Qwen2 adds q/k/v biases."""
@@ -50,12 +62,8 @@ def test_an_exported_eagle_drafter_gives_vllm_s_eagle1_logits(tmp_path, family):
   hidden = jax.random.normal(jax.random.key(4), (12, target.cfg.d_model))
   g, _ = drafter(target.embed_tokens(tokens[None]), hidden[None])
   ours = np.asarray(drafter.logits(target, g))[0]
-  table = torch.from_numpy(np.array(target.embed.embedding[...]))
-  head = table if target.cfg.tie_embeddings else torch.from_numpy(
-      np.asarray(target.lm_head.kernel[...]).T.copy())
-  theirs, _ = Eagle1(tmp_path, table, head).forward(torch.from_numpy(np.array(tokens)),
-                                                     torch.from_numpy(np.array(hidden)))
-  np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-4, rtol=0)
+  np.testing.assert_allclose(_vllm_eagle1_logits(tmp_path, target, tokens, hidden), ours,
+                             atol=1e-4, rtol=0)
   assert np.abs(ours).max() > 0.1  # the logits are not all near zero
   tensors = load_file(tmp_path / "model.safetensors")
   assert "layers.0.input_layernorm.weight" not in tensors and not tensors["fc.bias"].any()
@@ -145,12 +153,8 @@ def test_a_released_style_folder_imports_as_vllm_reads_it_and_a_bad_one_is_one_l
   g, _ = back(target.embed_tokens(tokens[None]), hidden[None])
   if family == "qwen2":  # the biases are the released folder's, not zeros
     assert all(tensors[f"layers.0.self_attn.{p}_proj.bias"].any() for p in "qkv")
-  table = torch.from_numpy(np.array(target.embed.embedding[...]))
-  head = table if target.cfg.tie_embeddings else torch.from_numpy(
-      np.asarray(target.lm_head.kernel[...]).T.copy())
-  theirs, _ = Eagle1(folder, table, head).forward(torch.from_numpy(np.array(tokens)),
-                                                   torch.from_numpy(np.array(hidden)))
-  np.testing.assert_allclose(theirs.numpy(), np.asarray(back.logits(target, g))[0], atol=1e-4)
+  np.testing.assert_allclose(_vllm_eagle1_logits(folder, target, tokens, hidden),
+                             np.asarray(back.logits(target, g))[0], atol=1e-4)
   config = json.loads((folder / "config.json").read_text())
   for name, change, message in [
       ("wide", {"hidden_size": 64}, "its hidden_size is 64, the policy's is 32"),

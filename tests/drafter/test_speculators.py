@@ -12,13 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 from flax import nnx
 from safetensors.numpy import load_file, save_file
-from speculators.models.eagle3 import Eagle3SpeculatorConfig
-from speculators.models.eagle3.core import Eagle3DraftModel
 
-from experiments.benchmarks.served import Eagle3, served_acceptance
 from tests.conftest import small_config
 from tests.drafter.test_drafter import _trained_drafter
 from tests.drafter.test_serving import _perturbed
@@ -31,6 +27,10 @@ from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.pretrained import save_pretrained
 
 T = 10  # positions fed before drafting
+
+# torch, speculators (~5 s to import) and experiments.benchmarks.served (which imports torch) are
+# imported by the tests that use them: a pytest worker that collects this file without running it
+# does not pay for them.
 
 
 def _pair(family):
@@ -45,6 +45,8 @@ def _pair(family):
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_speculators_loads_an_exported_eagle3_drafter_with_our_logits_and_drafts(tmp_path, family):
+  import torch
+  from experiments.benchmarks.served import Eagle3
   target, drafter = _pair(family)
   save_pretrained(target, None, tmp_path / "policy")  # the verifier the library reads
   folder = tmp_path / "drafter"
@@ -78,6 +80,9 @@ def _library_saved(tmp_path, target):
   """An EAGLE-3 drafter made and saved by speculators itself, as its training does: a Llama
   midlayer, a 24-token draft vocabulary mapped by t2d / d2t, its embedding and head loaded from
   the verifier folder, every other weight random (norms moved off 1)."""
+  import torch
+  from speculators.models.eagle3 import Eagle3SpeculatorConfig
+  from speculators.models.eagle3.core import Eagle3DraftModel
   verifier = tmp_path / "policy"
   save_pretrained(target, None, verifier)
   export_drafter(_pair("llama")[1], tmp_path / "ours", target=target, verifier=str(verifier))
@@ -100,6 +105,8 @@ def _library_saved(tmp_path, target):
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_a_drafter_saved_by_speculators_imports_with_the_library_s_logits(tmp_path):
+  import torch
+  from experiments.benchmarks.served import Eagle3
   target, ours = _pair("llama")
   model, folder = _library_saved(tmp_path, target)
   drafter, meta = load_any_drafter(str(folder), target)
@@ -154,6 +161,7 @@ def test_a_pytorch_loop_with_the_exported_drafter_accepts_what_our_engine_accept
   vLLM-derived EAGLE-1 forward of an "eagle" one) against our engine's SD with the drafter on 8
   prompts: the same accepted tokens per step within 0.05; the folder imported back accepts in
   our engine exactly what the drafter does."""
+  from experiments.benchmarks.served import served_acceptance
   target = peaked_model(n_layers=3)
   layers = (0, 1, 2) if architecture == "eagle3" else ()
   drafter = _trained_drafter(target, layers, architecture=architecture)[0]
