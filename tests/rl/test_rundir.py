@@ -100,6 +100,9 @@ def _tlt(out_dir, steps):
   c.out_dir, c.train.steps, c.train.eval_every = str(out_dir), steps, 0
   c.rollout.engine.batch_buckets = (16,)  # one bucket and one drafting arm: fewer programs
   c.spec.arms = (("eagle", 3, 0), ("plain", 1, 0))
+  # The schedule of the straight run: 0 ("all steps") would decay a 1-step launch's learning
+  # rate over 1 step, and its first update would not be the straight run's.
+  c.rl.optim.total_steps = 2
   return run_config(c)
 
 
