@@ -46,6 +46,11 @@ def _run(model, params, prompts, g, spec=None, key=0, **kw):
   return eng.generate(prompts, g, params, jax.random.key(key), capture_hidden=True), eng
 
 
+# For claims that do not depend on compaction (the greedy and coupled tests below compact): 8 rows
+# or fewer in one bucket, half the programs of two.
+ONE_BUCKET = dict(batch_buckets=(8,), max_batch=8)
+
+
 @pytest.mark.parametrize("threshold,buckets,n,g", [
     (16, (1, 2, 4, 8, 16), 5, 2),   # speculating from the first step
     (4, (1, 2, 4, 8, 16), 8, 1),    # switching on mid-rollout, once 4 rows or fewer are live
@@ -68,8 +73,9 @@ def test_greedy_sd_equals_plain_greedy(threshold, buckets, n, g):
 def test_greedy_is_the_temperature_zero_case_of_both_rules(rule):
   model = peaked_model()
   params = SamplingParams(temperature=0.0, max_new_tokens=16, stop_tokens=STOPS)
-  plain, _ = _run(model, params, _prompts(3, 1), 2)
-  sd, _ = _run(model, params, _prompts(3, 1), 2, SpecConfig(threshold=16, rule=rule, arms=ARMS))
+  plain, _ = _run(model, params, _prompts(3, 1), 2, **ONE_BUCKET)
+  sd, _ = _run(model, params, _prompts(3, 1), 2, SpecConfig(threshold=16, rule=rule, arms=ARMS),
+               **ONE_BUCKET)
   np.testing.assert_array_equal(sd.tokens, plain.tokens)
 
 
@@ -176,8 +182,8 @@ def test_a_useless_proposer_triggers_the_fallback_within_its_window():
   model = init_model(small_config(), seed=0)
   params = SamplingParams(temperature=1.0, max_new_tokens=40)
   spec = SpecConfig(threshold=16, rule="coupled", arms=ARMS[:2], health_window=12)
-  plain, _ = _run(model, params, _prompts(4, 3), 2, key=5)
-  sd, eng = _run(model, params, _prompts(4, 3), 2, spec, key=5)
+  plain, _ = _run(model, params, _prompts(4, 3), 2, key=5, **ONE_BUCKET)
+  sd, eng = _run(model, params, _prompts(4, 3), 2, spec, key=5, **ONE_BUCKET)
   assert eng.spec.health.fallback and len(eng.spec.health.events) == 2
   # each arm speculated for at most one window (+ one dispatch of the whole batch) before retiring
   assert sum(eng.spec.row_steps.values()) <= 2 * (12 + 8 * 3)
