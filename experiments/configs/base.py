@@ -15,7 +15,8 @@ TOY_SHAPE = dict(family="llama", vocab_size=64, d_model=32, n_layers=2, n_heads=
 
 def warm_start(small: bool = False) -> CD:
   """The `tiny` policy's SFT warm start on the built-in arithmetic task (the shipped one is this
-  recipe; `make warmstart` re-makes it). Also `experiments.sft_warmstart`'s whole config."""
+  recipe; `make warmstart` re-makes it). Also `experiments.sft_warmstart`'s whole config; `small`:
+  20 steps, the SFT launcher's test variant (`sft_tiny.py:small`)."""
   c = CD()
   c.model = "tiny"
   c.seed = 0
@@ -34,10 +35,12 @@ def warm_start(small: bool = False) -> CD:
   return c
 
 
-def tiny_model(small: bool = False) -> CD:
-  """The warm-started `tiny` policy. Its precision (`param_dtype`, `compute_dtype`: float32, the
-  defaults of tlt_jax/models/precision.py, fastest on CPU) is set by a run that changes it."""
-  return CD(dict(name="tiny", warm_start=warm_start(small)))
+def tiny_model() -> CD:
+  """The warm-started `tiny` policy: the shipped warm start, in the `small` test variants too
+  (training a small one cost each fresh checkout's test suite half a minute). Its precision
+  (`param_dtype`, `compute_dtype`: float32, the defaults of tlt_jax/models/precision.py, fastest
+  on CPU) is set by a run that changes it."""
+  return CD(dict(name="tiny", warm_start=warm_start()))
 
 
 def smollm2_model() -> CD:
@@ -83,7 +86,7 @@ def tiny_workload(small: bool = False) -> CD:
   """What a benchmark of the warm-started `tiny` policy samples: its model, task and rollout
   (seed 7, as the GRPO runs')."""
   return CD(dict(cache_dir="",  # empty: $TLT_JAX_CACHE or <repo>/.cache
-                 seed=7, model=tiny_model(small), task=tiny_task(), rollout=rollout(small)))
+                 seed=7, model=tiny_model(), task=tiny_task(), rollout=rollout(small)))
 
 
 def smollm2_workload(small: bool = False) -> CD:
@@ -191,7 +194,7 @@ def tiny_run(name: str, variant: str = "") -> CD:
   c.out_dir = run_dir(name, variant)
   c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
   c.seed = 7
-  c.model = tiny_model(small)
+  c.model = tiny_model()
   c.task = tiny_task(difficulty=dict(min_steps=1, max_steps=16))
   c.rollout = rollout(small)
   c.spec = CD()     # empty: no speculative decoding

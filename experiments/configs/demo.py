@@ -33,7 +33,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.out_dir = "runs/demo"
   c.cache_dir = ""  # empty: $TLT_JAX_CACHE or <repo>/.cache
-  c.warm_start = base.warm_start(small)
+  c.warm_start = base.warm_start()  # the shipped one, in the small variant too
   c.baseline = base.tiny_run("tiny_baseline", "small" if small else "")
   c.tlt = base.with_tlt(base.tiny_run("tiny_tlt", "small" if small else ""), small)
   for run in (c.baseline, c.tlt):
