@@ -3,13 +3,15 @@ the arm that table and the acceptances imply, plain when nothing pays, explorati
 an arm's acceptance is uncertain; measured tables round-trip and are cached per machine; the
 engine decodes exactly under the chooser."""
 
+import time
+
 import jax
 import numpy as np
 import pytest
 
 from tests.conftest import small_config
 from tlt_jax.drafter import costs as costs_lib
-from tlt_jax.drafter.costs import cost_table_for, needed_cells, step_runner
+from tlt_jax.drafter.costs import cost_table_for, marginal_times, needed_cells, step_runner
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.models import init_model
 from tlt_jax.models.sampling import SamplingParams, processed_logprobs
@@ -132,6 +134,16 @@ def test_a_priced_step_samples_every_position_as_the_engine_does():
                              np.arange(2), 64 + np.tile(np.arange(5), (2, 1)), False)
   assert tokens.shape == (2, 5)
   np.testing.assert_array_equal(tokens, expected)
+  # Three steps in one call run the same step three times (the cache's lengths reset each time).
+  np.testing.assert_array_equal(step_runner(model, 2, 5, 64, params=params)(3), expected)
+
+
+def test_a_step_s_cost_is_what_it_adds_to_a_call_not_the_call_s_own_overhead():
+  """A call of n steps that costs 40 ms plus 10 ms a step is priced at 10 ms a step: the engine
+  launches several steps a program, so a call's own launch and wait is not a step's."""
+  run = lambda n: time.sleep(0.04 + 0.01 * n)
+  (per_step,) = marginal_times({"x": run}, rounds=1, iters=2).values()
+  assert abs(float(per_step[0]) - 0.01) < 0.004
 
 
 def test_the_engine_decodes_exactly_under_the_cost_chooser():

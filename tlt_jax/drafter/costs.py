@@ -1,6 +1,7 @@
 """Measuring the cost model of speculative decoding (`spec.costs.CostTable`): c(B, T) of the
-target and d(B, T) of the drafter, each a jitted step as the engine runs it, timed in alternating
-rounds so that their ratios come from the same moments of a shared machine. `cost_table_for`
+target and d(B, T) of the drafter, each a jitted step as the engine runs it and what it adds to
+a call of several (the engine launches several steps a program), timed in alternating rounds so
+that their ratios come from the same moments of a shared machine. `cost_table_for`
 measures the cells a speculation config needs once per machine and caches them.
 """
 
@@ -41,38 +42,48 @@ def call_times(fn, iters: int) -> np.ndarray:
   return np.asarray(times)
 
 
+def _looped(one, first):
+  """`one(carry) -> carry` applied `n` times in one program, `n` a traced argument (one program
+  for every `n`): `first(*args)` is the carry after the first step."""
+  def steps(n, *args):
+    return jax.lax.fori_loop(1, n, lambda _, carry: one(carry), first(*args))
+  return steps
+
+
 def step_runner(model, batch: int, tokens: int, cache_len: int, *, prefix: int = 64,
                 impl: str = "xla", params: SamplingParams | None = None):
-  """A call of one jitted cached step, compiled once: `tokens` new tokens for each of `batch`
-  rows over a committed prefix of `prefix` tokens, followed by a commit (as a decode or a
-  verify), with attention implementation `impl` and the weights in the compute dtype, as the
-  engine holds them. The cache is donated and updated in place, as in the engine. With
-  `params`, the step also draws every position's sample from the processed distribution under
-  its own addressed noise, as a decode step samples and a coupled verify checks its drafts (over
-  the whole vocabulary at each of the `tokens` positions, which at a large vocabulary is a good
-  part of a verify's cost)."""
+  """A call of `n` (default 1) jitted cached steps in one program, compiled once: each `tokens`
+  new tokens for each of `batch` rows over a committed prefix of `prefix` tokens, followed by a
+  commit (as a decode or a verify), with attention implementation `impl` and the weights in the
+  compute dtype, as the engine holds them. The cache is donated and updated in place, as in the
+  engine. With `params`, the step also draws every position's sample from the processed
+  distribution under its own addressed noise, as a decode step samples and a coupled verify
+  checks its drafts (over the whole vocabulary at each of the `tokens` positions, which at a
+  large vocabulary is a good part of a verify's cost)."""
   graphdef, state = nnx.split(model)
   state = compute_copy(state, model.cfg.dtype)
   cfg = model.cfg
   prefix_B = jnp.full((batch,), prefix, jnp.int32)
   ids_B, pos_BxT = jnp.arange(batch), prefix + jnp.broadcast_to(jnp.arange(tokens), (batch, tokens))
 
-  @functools.partial(jax.jit, donate_argnums=1)
-  def step(state, cache, toks):
-    out = nnx.merge(graphdef, state)(toks, cache)
-    cache = kvc.commit(out.cache, jnp.ones((batch,), jnp.int32))
-    y = out.logits_BxTxV
-    if params is not None:
-      y = coupled_targets(processed_logprobs(y, params), jax.random.key(0), ids_B, pos_BxT,
-                          params.greedy)
-    return y, cache.replace(lengths_B=prefix_B)  # the same step every call
+  @functools.partial(jax.jit, donate_argnums=2)
+  def step(n, state, cache, toks):
+    def one(cache):
+      out = nnx.merge(graphdef, state)(toks, cache)
+      cache = kvc.commit(out.cache, jnp.ones((batch,), jnp.int32))
+      y = out.logits_BxTxV
+      if params is not None:
+        y = coupled_targets(processed_logprobs(y, params), jax.random.key(0), ids_B, pos_BxT,
+                            params.greedy)
+      return y, cache.replace(lengths_B=prefix_B)  # the same step every time
+    return _looped(lambda carry: one(carry[1]), one)(n, cache)
 
   # The cache is donated: its lengths must not be the closed-over `prefix_B` itself.
   box = [kvc.init_cache(cfg, batch, cache_len, impl=impl).replace(lengths_B=prefix_B + 0)]
   toks = jnp.ones((batch, tokens), jnp.int32)
 
-  def run():
-    logits, box[0] = step(state, box[0], toks)
+  def run(n: int = 1):
+    logits, box[0] = step(n, state, box[0], toks)
     return logits
   return run
 
@@ -88,36 +99,53 @@ def alternating_times(runners: dict, rounds: int, iters: int) -> dict:
   return {k: np.asarray(v) for k, v in times.items()}
 
 
+def marginal_times(runners: dict, rounds: int, iters: int, steps: int = 3) -> dict:
+  """Seconds of one step inside a call for each of `runners` (name -> `run(n)`, `n` steps in one
+  program), one figure a round: the fastest call of 1 + `steps` steps less the fastest of one
+  step, over `steps`. The engine launches several steps a program (`steps_per_dispatch`), so a
+  step costs it what a step adds to a call, not a call's own launch and wait: on a GPU, a
+  135M-parameter model's call costs ~0.5 ms more than its step (H200, docs/BENCHMARKS.md)."""
+  times = {k: [] for k in runners}
+  for _ in range(rounds):
+    for k, run in runners.items():
+      one, more = (np.min(call_times(lambda n=n: run(n), iters)) for n in (1, 1 + steps))
+      times[k].append(max(more - one, 0.0) / steps)
+  return {k: np.asarray(v) for k, v in times.items()}
+
+
 def drafter_step_runner(target, drafter, batch: int, tokens: int, cache_len: int, *,
                         prefix: int = 64, rule: str = "coupled"):
-  """A call of one draft step as the engine runs it, compiled once: the drafter on `tokens` new
-  inputs per row over a committed prefix (a chain step feeds 1, a tree level its expanded
-  nodes), the draft head over its vocabulary on the last input, the processed distribution and
-  a Gumbel-max draw, with noise over the target's vocabulary under `coupled` (the target's own)
-  and over the draft vocabulary under `rejection` (an independent stream)."""
+  """A call of `n` (default 1) draft steps in one program as the engine runs them, compiled
+  once: the drafter on `tokens` new inputs per row over a committed prefix (a chain step feeds
+  1, a tree level its expanded nodes), the draft head over its vocabulary on the last input, the
+  processed distribution and a Gumbel-max draw, with noise over the target's vocabulary under
+  `coupled` (the target's own) and over the draft vocabulary under `rejection` (an independent
+  stream)."""
   tgraph, tstate = nnx.split(target)
   dgraph, dstate = nnx.split(drafter)
   prefix_B = jnp.full((batch,), prefix, jnp.int32)
   v = target.cfg.vocab_size
 
-  @functools.partial(jax.jit, donate_argnums=2)
-  def step(tstate, dstate, cache, toks, h, key):
-    tgt, d = nnx.merge(tgraph, tstate), nnx.merge(dgraph, dstate)
-    g, cache = d(tgt.embed_tokens(toks), h, cache)
-    logq = processed_logprobs(d.logits(tgt, g[:, -1:])[:, 0], _COST_PARAMS)
-    if rule == "coupled":
-      draft = d.token_ids(argmax(logq + d.of_vocab(jax.random.gumbel(key, (batch, v)))))
-    else:
-      draft = d.token_ids(argmax(logq + jax.random.gumbel(key, logq.shape)))
-    return draft, cache.replace(lengths_B=prefix_B)
+  @functools.partial(jax.jit, donate_argnums=3)
+  def step(n, tstate, dstate, cache, toks, h, key):
+    def one(cache):
+      tgt, d = nnx.merge(tgraph, tstate), nnx.merge(dgraph, dstate)
+      g, cache = d(tgt.embed_tokens(toks), h, cache)
+      logq = processed_logprobs(d.logits(tgt, g[:, -1:])[:, 0], _COST_PARAMS)
+      if rule == "coupled":
+        draft = d.token_ids(argmax(logq + d.of_vocab(jax.random.gumbel(key, (batch, v)))))
+      else:
+        draft = d.token_ids(argmax(logq + jax.random.gumbel(key, logq.shape)))
+      return draft, cache.replace(lengths_B=prefix_B)
+    return _looped(lambda carry: one(carry[1]), one)(n, cache)
 
   box = [drafter_cache(target.cfg, batch, cache_len).replace(lengths_B=prefix_B + 0)]
   toks = jnp.ones((batch, tokens), jnp.int32)
   h = jnp.ones((batch, tokens, target.cfg.d_model), jnp.dtype(target.cfg.dtype))
   key = jax.random.key(0)
 
-  def run():
-    draft, box[0] = step(tstate, dstate, box[0], toks, h, key)
+  def run(n: int = 1):
+    draft, box[0] = step(n, tstate, dstate, box[0], toks, h, key)
     return draft
   return run
 
@@ -145,8 +173,9 @@ def needed_cells(spec: SpecConfig | None, buckets, replay_chunk: int = 0) -> tup
 def measure_cost_table(target, drafter, target_cells, draft_cells, cache_len: int, *,
                        prefix: int = 64, rounds: int = 3, iters: int = 5,
                        rule: str = "coupled") -> CostTable:
-  """The fastest call of each cell; each batch's cells, the target's and the drafter's (drafting
-  under `rule`), timed together in alternating rounds."""
+  """The median over rounds of each cell's step inside a call (`marginal_times`); each batch's
+  cells, the target's and the drafter's (drafting under `rule`), timed together in alternating
+  rounds."""
   target_s, draft_s = {}, {}
   for b in sorted({b for b, _ in target_cells | draft_cells}):
     runners = {("t", t): step_runner(target, b, t, cache_len, prefix=prefix,
@@ -155,8 +184,8 @@ def measure_cost_table(target, drafter, target_cells, draft_cells, cache_len: in
     runners.update({("d", t): drafter_step_runner(target, drafter, b, t, cache_len,
                                                   prefix=prefix, rule=rule)
                     for bb, t in sorted(draft_cells) if bb == b})
-    for (kind, t), x in alternating_times(runners, rounds, iters).items():
-      (target_s if kind == "t" else draft_s)[(b, t)] = float(np.min(x))
+    for (kind, t), x in marginal_times(runners, rounds, iters).items():
+      (target_s if kind == "t" else draft_s)[(b, t)] = float(np.median(x))
   return CostTable(target_s, draft_s)
 
 
@@ -191,7 +220,7 @@ def cost_table_for(target, drafter, spec: SpecConfig | None, buckets, cache_len:
   rule = spec.rule if spec is not None else "coupled"
   dshape = None if drafter is None else (repr(drafter.cfg), drafter.target_cfg.to_dict())
   key = content_digest([machine_id(), target.cfg.to_dict(), dshape, sorted(target_cells),
-                        sorted(draft_cells), cache_len, prefix, rule, "sampled"])
+                        sorted(draft_cells), cache_len, prefix, rule, "sampled", "in-call"])
   path = as_path(cache_dir) / "costs" / f"{key}.json"
   if path.exists():
     return CostTable.from_json(path.read_text()), True
