@@ -2,9 +2,10 @@
 (`make gpu-bundle`, docs/GPU.md). Runs the phases of `experiments/benchmarks/proof.py` in order
 of value, writing each phase's JSON to `out_dir/<phase>.json` as it finishes (a phase already
 there is skipped: a second call goes on where the first stopped), then `out_dir/proof.md`, a
-Markdown table for docs/BENCHMARKS.md; the last line is one JSON object.
+Markdown table for docs/BENCHMARKS.md; the last line is one JSON object. A phase that ran out
+of time lists its `skipped` cells, and the next call goes on with them.
 
-  python -m experiments.gpu_proof [--out_dir=DIR] [--phases=a_costs,b_rollouts,...]
+  python -m experiments.gpu_proof [--out_dir=DIR] [--phases=costs,rollouts,...]
   python -m experiments.gpu_proof --dry_run --out_dir=DIR   # CPU, toy sizes, every phase
 """
 
@@ -29,8 +30,6 @@ from experiments.benchmarks import proof  # noqa: E402
 from experiments.configs import gpu_proof as proof_config  # noqa: E402
 from tlt_jax.errors import ConfigError  # noqa: E402
 from tlt_jax.hashing import git_commit  # noqa: E402
-from tlt_jax.workloads import (build_drafter, build_workload, drafter_recipe,  # noqa: E402
-                               workload_config)
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/gpu_proof.py")
 _DRY = flags.DEFINE_bool("dry_run", False, "Every phase on CPU at toy sizes (the config's "
@@ -61,19 +60,20 @@ def main(argv):
     if os.path.exists(path):
       with open(path) as f:
         ctx.results[name] = json.load(f)
-      print(f"[gpu_proof] {name}: done before ({path})", flush=True)
-      continue
+      if not ctx.results[name].get("skipped"):
+        print(f"[gpu_proof] {name}: done before ({path})", flush=True)
+        continue
     if ctx.left() <= 0:
       print(f"[gpu_proof] {name}: no time left in the budget; run the command again", flush=True)
       continue
     if ctx.workload is None:
-      load(ctx)
-    t0 = time.perf_counter()
-    ctx.results[name] = dict(proof.FUNCTIONS[name](ctx), phase_s=round(time.perf_counter() - t0,
-                                                                        1))
-    with open(path, "w") as f:
-      json.dump(ctx.results[name], f, indent=1, default=str)
-    print(f"[gpu_proof] {name}: {ctx.results[name]['phase_s']} s -> {path}", flush=True)
+      proof.load(ctx)
+    t0, before = time.perf_counter(), ctx.results.get(name, {}).get("phase_s", 0.0)
+    result = proof.FUNCTIONS[name](ctx)
+    ctx.save(name, dict(result, phase_s=round(before + time.perf_counter() - t0, 1)))
+    left = f"; {len(result['skipped'])} cells left for the next call" if result.get(
+        "skipped") else ""
+    print(f"[gpu_proof] {name}: {ctx.results[name]['phase_s']} s -> {path}{left}", flush=True)
   commit, dirty = git_commit()
   header = (f"Device: {device.device_kind} ({device.platform}), jax {jax.__version__}, commit "
             f"{commit}{' (dirty)' if dirty else ''}, {time.strftime('%Y-%m-%d')}; `python -m "
@@ -86,18 +86,6 @@ def main(argv):
   print(json.dumps({"device": device.device_kind, "out_dir": c.out_dir,
                     "phases": [p for p in _PHASES.value if p in ctx.results],
                     "seconds": round(time.perf_counter() - start, 1)}))
-
-
-def load(ctx: proof.Context) -> None:
-  """The workload (as many prompts as the most rows a cell runs) and its drafter."""
-  c = ctx.c
-  if c.model_path:
-    c.workload.model.path = c.model_path
-  wc = workload_config(c.workload)
-  ctx.workload = build_workload(wc, max(c.rollouts.rows), c.seed)
-  ctx.drafter, _ = build_drafter(wc, drafter_recipe({"init_from": c.drafter}), c.seed,
-                                 progress=False, policy=(ctx.workload.model,
-                                                         ctx.workload.tokenizer))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from flax import nnx
 from experiments import gpu_bundle
 from experiments.benchmarks import gpu, proof
 from experiments.configs import bench_gpu, smollm2_tlt, tiny_tlt
+from experiments.configs import gpu_proof as proof_config
 from tests.test_launchers import last_json, run_module
 from tlt_jax.drafter import warmup
 from tlt_jax.errors import ConfigError
@@ -55,25 +56,42 @@ def test_the_dry_run_writes_every_phase_and_a_second_call_goes_on_where_it_stopp
   out = last_json(run_module("experiments.gpu_proof", "--dry_run", f"--out_dir={tmp_path}"))
   assert out["phases"] == list(proof.PHASES)
   read = lambda name: json.loads((tmp_path / f"{name}.json").read_text())
-  costs = read("a_costs")
+  costs = read("costs")
   assert costs["target_ms"]["B1_T1"] > 0 and costs["draft_ms"]
-  cells = read("b_rollouts")["cells"]
+  cells = read("rollouts")["cells"]
   assert {(c["temperature"], c["rows"], c["arm"]) for c in cells} == {
       (t, 1, a) for t in (0.9, 0.0) for a in ("eagle_d2", "tree_d2_k2_n3")}
   for c in cells:  # float32 on CPU: SD is plain decoding, token for token
     assert c["equal_rows"] == 1.0 and c["accept_len"] >= 1.0
     assert c["predicted"] > 0 and c["plain_tokens_per_s"] > 0 and c["sd_tokens_per_s"] > 0
-  grpo = read("c_grpo")
+  grpo = read("grpo")
   assert grpo["rewards_identical"] and grpo["first_parting_step"] is None
   assert grpo["compile_events_baseline"] == grpo["compile_events_tlt"] == 0
   assert len(grpo["reward_tlt"]) == len(grpo["accept_len_by_step"]) == 1
   assert grpo["rollout_speedup"] > 0 and grpo["amdahl_bound"] > 0
-  assert set(read("a_costs_grid")) >= {"target_ms", "draft_ms"}
-  large = read("d_large")
+  assert set(read("costs_grid")) >= {"target_ms", "draft_ms"}
+  large = read("large")
   assert large["update_step_s"] > 0 and large["planned_update_gb"] > 0
   assert "| T | rows | arm |" in (tmp_path / "proof.md").read_text()
+  # A call stopped by its time limit left the T = 0 cell undone: the next call runs that cell
+  # alone, and every other phase is done before.
+  saved = read("rollouts")
+  (tmp_path / "rollouts.json").write_text(json.dumps(dict(
+      saved, cells=[c for c in saved["cells"] if c["temperature"] == 0.9],
+      skipped=[{"temperature": 0.0, "rows": 1}])))
   again = run_module("experiments.gpu_proof", "--dry_run", f"--out_dir={tmp_path}")
-  assert again.stdout.count("done before") == len(proof.PHASES)
+  assert again.stdout.count("done before") == len(proof.PHASES) - 1
+  resumed = read("rollouts")
+  assert resumed["skipped"] == [] and [(c["temperature"], c["arm"]) for c in resumed["cells"]] == [
+      (c["temperature"], c["arm"]) for c in saved["cells"]]
+
+
+def test_the_proof_reads_smollm2_from_the_bundle_s_gguf_on_a_box_without_the_package():
+  c = proof_config.get_config()
+  c.model_path = smollm2_gguf_path()
+  wc = proof.proof_workload(c)
+  assert (wc.name, wc.path) == ("smollm2", smollm2_gguf_path())
+  assert "path" not in c.workload.model  # the config is left as it was
 
 
 def test_without_a_gpu_the_proof_stops_at_once_with_one_line(tmp_path):

