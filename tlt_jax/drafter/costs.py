@@ -1,7 +1,7 @@
 """Measuring the cost model of speculative decoding (`spec.costs.CostTable`): c(B, T) of the
-target and d(B, T) of the drafter, each a jitted step as the engine runs it and what it adds to
-a call of several (the engine launches several steps a program), timed in alternating rounds so
-that their ratios come from the same moments of a shared machine. `cost_table_for`
+target and d(B, T) of the drafter, each a jitted step as the engine runs it less a call's own
+launch and wait (the engine runs several steps a call), timed in alternating rounds so that
+their ratios come from the same moments of a shared machine. `cost_table_for`
 measures the cells a speculation config needs once per machine and caches them.
 """
 
@@ -29,6 +29,7 @@ from tlt_jax.spec.strategy import SpecConfig
 from tlt_jax.spec.verify import coupled_targets
 
 _COST_PARAMS = SamplingParams(temperature=0.9)  # a sampled draft, as in the benchmarks
+_MIN_STEP_SHARE = 0.1  # a step is never priced below this share of a call of it (timing noise)
 
 
 def call_times(fn, iters: int) -> np.ndarray:
@@ -99,18 +100,18 @@ def alternating_times(runners: dict, rounds: int, iters: int) -> dict:
   return {k: np.asarray(v) for k, v in times.items()}
 
 
-def marginal_times(runners: dict, rounds: int, iters: int, steps: int = 3) -> dict:
-  """Seconds of one step inside a call for each of `runners` (name -> `run(n)`, `n` steps in one
-  program), one figure a round: the fastest call of 1 + `steps` steps less the fastest of one
-  step, over `steps`. The engine launches several steps a program (`steps_per_dispatch`), so a
-  step costs it what a step adds to a call, not a call's own launch and wait: on a GPU, a
-  135M-parameter model's call costs ~0.5 ms more than its step (H200, docs/BENCHMARKS.md)."""
-  times = {k: [] for k in runners}
+def call_overhead(run, rounds: int, iters: int, steps: int = 3) -> float:
+  """Seconds a call of `run` (`run(n)`: `n` steps in one program) costs beyond its step: per
+  round, the fastest call of one step less what a step adds to a call (the fastest call of
+  1 + `steps` steps less the fastest of one, over `steps`); the median over rounds, never below 0.
+  The engine launches several steps a program (`steps_per_dispatch`), so a step costs it what it
+  adds to a call, not a call's own launch and wait: on an H200 a call of SmolLM2's step costs
+  ~0.5 ms more than the step (docs/BENCHMARKS.md, "On a GPU")."""
+  out = []
   for _ in range(rounds):
-    for k, run in runners.items():
-      one, more = (np.min(call_times(lambda n=n: run(n), iters)) for n in (1, 1 + steps))
-      times[k].append(max(more - one, 0.0) / steps)
-  return {k: np.asarray(v) for k, v in times.items()}
+    one, more = (float(np.min(call_times(lambda n=n: run(n), iters))) for n in (1, 1 + steps))
+    out.append(one - (more - one) / steps)
+  return max(0.0, float(np.median(out)))
 
 
 def drafter_step_runner(target, drafter, batch: int, tokens: int, cache_len: int, *,
@@ -173,10 +174,11 @@ def needed_cells(spec: SpecConfig | None, buckets, replay_chunk: int = 0) -> tup
 def measure_cost_table(target, drafter, target_cells, draft_cells, cache_len: int, *,
                        prefix: int = 64, rounds: int = 3, iters: int = 5,
                        rule: str = "coupled") -> CostTable:
-  """The median over rounds of each cell's step inside a call (`marginal_times`); each batch's
-  cells, the target's and the drafter's (drafting under `rule`), timed together in alternating
-  rounds."""
-  target_s, draft_s = {}, {}
+  """The fastest call of each cell less the call's own cost (`call_overhead`, measured on each
+  model's cheapest cell; a cell is never priced below `_MIN_STEP_SHARE` of its call); each
+  batch's cells, the target's and the drafter's (drafting under `rule`), timed together in
+  alternating rounds."""
+  tables, cheapest = {"t": {}, "d": {}}, {}
   for b in sorted({b for b, _ in target_cells | draft_cells}):
     runners = {("t", t): step_runner(target, b, t, cache_len, prefix=prefix,
                                      params=_COST_PARAMS)
@@ -184,9 +186,14 @@ def measure_cost_table(target, drafter, target_cells, draft_cells, cache_len: in
     runners.update({("d", t): drafter_step_runner(target, drafter, b, t, cache_len,
                                                   prefix=prefix, rule=rule)
                     for bb, t in sorted(draft_cells) if bb == b})
-    for (kind, t), x in marginal_times(runners, rounds, iters).items():
-      (target_s if kind == "t" else draft_s)[(b, t)] = float(np.median(x))
-  return CostTable(target_s, draft_s)
+    for (kind, t), run in runners.items():
+      cheapest.setdefault(kind, run)  # the smallest batch's fewest tokens come first
+    for (kind, t), x in alternating_times(runners, rounds, iters).items():
+      tables[kind][(b, t)] = float(np.min(x))
+  for kind, run in cheapest.items():
+    overhead = call_overhead(run, rounds, iters)
+    tables[kind] = {k: max(s - overhead, _MIN_STEP_SHARE * s) for k, s in tables[kind].items()}
+  return CostTable(tables["t"], tables["d"])
 
 
 def cpu_model() -> str:
