@@ -69,6 +69,9 @@ def test_the_dry_run_writes_every_phase_and_a_second_call_goes_on_where_it_stopp
   assert grpo["compile_events_baseline"] == grpo["compile_events_tlt"] == 0
   assert len(grpo["reward_tlt"]) == len(grpo["accept_len_by_step"]) == 1
   assert grpo["rollout_speedup"] > 0 and grpo["amdahl_bound"] > 0
+  buffers = read("command_buffers")  # each setting in its own process, none rejected on CPU
+  assert [r["name"] for r in buffers["settings"]] == ["default", "none"]
+  assert all(r["steps"][0]["step_ms"] > 0 for r in buffers["settings"])
   assert set(read("costs_grid")) >= {"target_ms", "draft_ms"}
   large = read("large")
   assert large["update_step_s"] > 0 and large["planned_update_gb"] > 0

@@ -10,6 +10,8 @@ context returning the phase's JSON:
               rollout temperature under `coupled`, from each row count: tokens per second,
               speedup, accepted length, the cost model's prediction from `costs`, the
               fraction of rows equal to plain decoding
+  command_buffers  the engine's decode step in a fresh process under each XLA command-buffer
+              setting (CUDA graphs XLA:GPU captures, loops among them or not)
   costs_grid  the rest of the c(B, T) grid and the draft step d(B, 1)
   large       a larger shape with random weights: c(B, T), and one GRPO update step's time and
               peak memory against `rl.memory.plan_memory`'s prediction
@@ -26,11 +28,14 @@ import dataclasses
 import importlib
 import json
 import os
+import subprocess
+import sys
 import time
 
 import jax
 import numpy as np
 
+from experiments.benchmarks import gpu as gpu_bench
 from experiments.benchmarks import spec as spec_bench
 from experiments.benchmarks.cost import cost_table
 from tlt_jax.kernels.attention import resolve_impl
@@ -52,7 +57,7 @@ from tlt_jax.spec.strategy import SpecConfig, strategy_from_tuple
 from tlt_jax.workloads import (WorkloadConfig, build_drafter, build_workload, drafter_recipe,
                                workload_config)
 
-PHASES = ("grpo", "costs", "rollouts", "costs_grid", "large")
+PHASES = ("grpo", "costs", "rollouts", "command_buffers", "costs_grid", "large")
 # The update's parts of a memory plan (the rest is the rollout's, which an update step alone
 # does not hold).
 UPDATE_PARTS = ("parameters", "optimizer state", "gradients", "micro-batch gradient",
@@ -176,6 +181,51 @@ def rollouts(ctx: Context) -> dict:
     cells[-1]["cell_s"] = round(last_s, 1)
     ctx.save("rollouts", result(todo[i + 1:]))
   return result([])
+
+
+def command_buffers(ctx: Context) -> dict:
+  """The engine's greedy decode step (`gpu.rollout`: random prompts, every row its full length)
+  in a fresh process for each of the config's XLA_FLAGS settings, since a process reads them once
+  when it starts its backend: on an H200 SmolLM2's step is launch-bound (1.6 ms against a 0.15 ms
+  weight-read floor), which CUDA graphs of whole loops may pull down. A setting the process
+  rejects is recorded with its last line; each is saved as it finishes."""
+  cb = ctx.c.command_buffers
+  done = list(ctx.results.get("command_buffers", {}).get("settings", []))
+  todo = [(n, f) for n, f in cb.settings if n not in {d["name"] for d in done}]
+  result = lambda left: {"settings": done, "skipped": [n for n, _ in left]}
+  for i, (name, flags) in enumerate(todo):
+    if ctx.left() < cb.timeout_s:
+      return result(todo[i:])
+    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip())
+    args = json.dumps({"variant": ctx.c.variant, "model_path": ctx.c.model_path})
+    t0 = time.perf_counter()
+    try:
+      proc = subprocess.run([sys.executable, "-c", _STEPS_CODE, args], env=env, text=True,
+                            capture_output=True, timeout=cb.timeout_s)
+      lines = (proc.stdout.strip() or proc.stderr.strip() or "no output").splitlines()
+      row = json.loads(lines[-1]) if proc.returncode == 0 else {"error": lines[-1][:300]}
+    except subprocess.TimeoutExpired:
+      row = {"error": f"over {cb.timeout_s} s"}
+    done.append({"name": name, "flags": flags, **row,
+                 "process_s": round(time.perf_counter() - t0, 1)})
+    ctx.save("command_buffers", result(todo[i + 1:]))
+  return result([])
+
+
+_STEPS_CODE = ("import json, sys; from experiments.benchmarks import proof; "
+               "print(json.dumps(proof.engine_steps(**json.loads(sys.argv[1]))))")
+
+
+def engine_steps(variant: str, model_path: str) -> dict:
+  """`command_buffers`' measurement in this process: the proof's model (its config `variant`),
+  the engine's greedy decode step at each of `command_buffers.rows`."""
+  from experiments.configs import gpu_proof as proof_config  # the launcher's config module
+  c = proof_config.get_config(variant)
+  c.model_path = model_path
+  model = build_workload(proof_workload(c), 1, c.seed).model
+  cb, impl = c.command_buffers, resolve_impl(c.attention)
+  return {"steps": [gpu_bench.rollout(model, rows, cb.prompt_len, cb.new_tokens, impl)
+                    for rows in cb.rows]}
 
 
 def _off(measured, predicted):
@@ -303,7 +353,7 @@ def _update_step(cfg: ModelConfig, d) -> tuple[float, float | None]:
 
 
 FUNCTIONS = {"costs": costs, "rollouts": rollouts, "grpo": grpo,
-             "costs_grid": costs_grid, "large": large}
+             "command_buffers": command_buffers, "costs_grid": costs_grid, "large": large}
 
 
 def markdown(results: dict, header: str) -> str:
@@ -328,6 +378,11 @@ def markdown(results: dict, header: str) -> str:
               f"{g['accept_len']} | {g['rewards_identical']} | {g['first_parting_step']} | "
               f"{g['compile_events_baseline'] + g['compile_events_tlt']} | "
               f"{g['drafter_share_of_step']} |"]
+  cb = results.get("command_buffers")
+  if cb:
+    steps = lambda r: ", ".join(f"{x['step_ms']} ms at {x['rows']} rows" for x in r["steps"])
+    lines += ["", "The engine's decode step by XLA command-buffer setting: " + "; ".join(
+        f"`{r['name']}` {steps(r) if 'steps' in r else r['error']}" for r in cb["settings"]) + "."]
   d = results.get("large")
   if d:
     lines += ["", f"Large shape `{d['shape']}`: update step {d['update_step_s']} s, peak "

@@ -3,8 +3,9 @@ on one GPU. Its phases (`experiments/benchmarks/proof.py`) in order of value: GR
 (`smollm2_baseline` against `smollm2_tlt`, 8 steps, bf16, held-out evaluation off: the proof
 compares the two runs, not their accuracy), the costs the first rollout cells are priced with,
 the rollout cells (plain against an EAGLE chain of 3 and two EAGLE-2 trees of TLT's GPU sizes,
-from 1, 4, 16 and 64 rows, 256 tokens each, at T = 0.9 under `coupled` and at T = 0), the rest of
-the cost grid, and the Qwen2.5-1.5B shape's costs and update step. docs/GPU.md says how a window runs it.
+from 1, 4, 16 and 64 rows, 256 tokens each, at T = 0.9 under `coupled` and at T = 0), the
+engine's decode step under each XLA command-buffer setting, the rest of the cost grid, and the
+Qwen2.5-1.5B shape's costs and update step. docs/GPU.md says how a window runs it.
 
 Run (on the GPU box, after the bundle's parts have travelled):
   python -m experiments.gpu_proof
@@ -21,6 +22,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     raise ValueError(f"Unknown variant {variant!r}; use '' or 'dry_run'.")
   dry = variant == "dry_run"
   c = ml_collections.ConfigDict()
+  c.variant = variant
   c.out_dir = "runs/gpu_proof"
   c.require_gpu = not dry       # without a GPU the command stops at once, with a message
   c.budget_s = 0 if dry else 540  # seconds the phases may take (0: no limit); a call has 600
@@ -37,6 +39,14 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.workload.model.compute_dtype = "bfloat16"
     c.workload.rollout.max_new_tokens = 256
     c.drafter = "smollm2"
+  # XLA_FLAGS settings of `command_buffers`, each in a fresh process: XLA's own, none, and whole
+  # loops captured too (the decode dispatch is a while loop of 8 steps)
+  c.command_buffers = ml_collections.ConfigDict(dict(
+      settings=(("default", ""), ("none", "--xla_gpu_enable_command_buffer=")) + (() if dry else (
+          ("loops", "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
+                    "WHILE,CONDITIONAL"),)),
+      rows=(1,) if dry else (1, 16), prompt_len=16 if dry else 64,
+      new_tokens=8 if dry else 128, timeout_s=180))
   c.costs = ml_collections.ConfigDict(dict(
       rounds=1 if dry else 3, iters=2 if dry else 10,
       batches=(1,) if dry else (1, 4, 16, 64),            # the grid of `costs_grid`
