@@ -69,6 +69,8 @@ def test_the_dry_run_writes_every_phase_and_a_second_call_goes_on_where_it_stopp
   assert grpo["compile_events_baseline"] == grpo["compile_events_tlt"] == 0
   assert len(grpo["reward_tlt"]) == len(grpo["accept_len_by_step"]) == 1
   assert grpo["rollout_speedup"] > 0 and grpo["amdahl_bound"] > 0
+  fixed = read("invariant")["cells"]  # CPU, float32: equal rows in either numerics
+  assert [(c["rows"], c["arm"], c["differing_rows"]) for c in fixed] == [(1, "eagle_d2", 0.0)]
   buffers = read("command_buffers")  # each setting in its own process, none rejected on CPU
   assert [r["name"] for r in buffers["settings"]] == ["default", "none"]
   assert all(r["steps"][0]["step_ms"] > 0 for r in buffers["settings"])

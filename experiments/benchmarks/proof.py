@@ -10,6 +10,8 @@ context returning the phase's JSON:
               rollout temperature under `coupled`, from each row count: tokens per second,
               speedup, accepted length, the cost model's prediction from `costs`, the
               fraction of rows equal to plain decoding
+  invariant   the same measurement in the `invariant` numerics: rows equal to plain sampling
+              (every row, where the fixed orders hold on this device) and the speedup there
   command_buffers  the engine's decode step in a fresh process under each XLA command-buffer
               setting (CUDA graphs XLA:GPU captures, loops among them or not)
   costs_grid  the rest of the c(B, T) grid and the draft step d(B, 1)
@@ -41,6 +43,7 @@ from experiments.benchmarks.cost import cost_table
 from tlt_jax.kernels.attention import resolve_impl
 from tlt_jax.drafter.costs import measure_cost_table, needed_cells
 from tlt_jax.models.config import ModelConfig, get_shape
+from tlt_jax.models.precision import Precision
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.sharding import make_mesh
 from tlt_jax.models.transformer import init_model
@@ -57,7 +60,7 @@ from tlt_jax.spec.strategy import SpecConfig, strategy_from_tuple
 from tlt_jax.workloads import (WorkloadConfig, build_drafter, build_workload, drafter_recipe,
                                workload_config)
 
-PHASES = ("grpo", "costs", "rollouts", "command_buffers", "costs_grid", "large")
+PHASES = ("grpo", "costs", "rollouts", "invariant", "command_buffers", "costs_grid", "large")
 # The update's parts of a memory plan (the rest is the rollout's, which an update step alone
 # does not hold).
 UPDATE_PARTS = ("parameters", "optimizer state", "gradients", "micro-batch gradient",
@@ -181,6 +184,27 @@ def rollouts(ctx: Context) -> dict:
     cells[-1]["cell_s"] = round(last_s, 1)
     ctx.save("rollouts", result(todo[i + 1:]))
   return result([])
+
+
+def invariant(ctx: Context) -> dict:
+  """Each of the config's arms against plain decoding in the `invariant` numerics (on the `xla`
+  attention layout, which it runs), T = the rollout's temperature under `coupled`, every row
+  decoding `new_tokens`: there SD must equal plain sampling on every row; the speedup says what
+  the fixed orders leave of it (unpriced: the cost table is the `fast` model's)."""
+  iv, w = ctx.c.invariant, ctx.workload
+  cfg = w.model.cfg
+  model = Precision(cfg.param_dtype, cfg.dtype, "invariant").apply(w.model)
+  engine = EngineConfig(batch_buckets=tuple(sorted(iv.rows)), max_batch=max(iv.rows),
+                        prefill_buckets=tuple(ctx.c.prefill_buckets), attention="xla")
+  spec = dataclasses.replace(ctx.spec, arms=tuple(strategy_from_tuple(a) for a in iv.arms))
+  params = dataclasses.replace(w.params, max_new_tokens=iv.new_tokens)
+  cells = spec_bench.arm_sweep(model, w.prompts, tuple(iv.rows), params, engine, spec,
+                               jax.random.key(ctx.c.seed), w.tokenizer.pad_id, iv.repeats,
+                               drafter=ctx.drafter, ignore_eos=True, costs=CostTable({}))
+  return {"new_tokens": iv.new_tokens, "temperature": params.temperature,
+          "cells": [{k: r[k] for k in ("rows", "arm", "speedup", "accept_len", "accept_len_to_eos",
+                                       "identical", "differing_rows", "plain_step_ms",
+                                       "sd_step_ms")} for r in cells]}
 
 
 def command_buffers(ctx: Context) -> dict:
@@ -352,7 +376,7 @@ def _update_step(cfg: ModelConfig, d) -> tuple[float, float | None]:
   return step_s, stats.get("peak_bytes_in_use")
 
 
-FUNCTIONS = {"costs": costs, "rollouts": rollouts, "grpo": grpo,
+FUNCTIONS = {"costs": costs, "rollouts": rollouts, "grpo": grpo, "invariant": invariant,
              "command_buffers": command_buffers, "costs_grid": costs_grid, "large": large}
 
 
@@ -378,6 +402,11 @@ def markdown(results: dict, header: str) -> str:
               f"{g['accept_len']} | {g['rewards_identical']} | {g['first_parting_step']} | "
               f"{g['compile_events_baseline'] + g['compile_events_tlt']} | "
               f"{g['drafter_share_of_step']} |"]
+  iv = results.get("invariant")
+  if iv:
+    lines += ["", f"`invariant` numerics, T = {iv['temperature']}, {iv['new_tokens']} tokens a row: "
+              + "; ".join(f"{r['arm']} from {r['rows']} rows {r['speedup']}x plain, rows equal "
+                          f"{round(1 - r['differing_rows'], 3)}" for r in iv["cells"]) + "."]
   cb = results.get("command_buffers")
   if cb:
     steps = lambda r: ", ".join(f"{x['step_ms']} ms at {x['rows']} rows" for x in r["steps"])

@@ -3,9 +3,10 @@ on one GPU. Its phases (`experiments/benchmarks/proof.py`) in order of value: GR
 (`smollm2_baseline` against `smollm2_tlt`, 8 steps, bf16, held-out evaluation off: the proof
 compares the two runs, not their accuracy), the costs the first rollout cells are priced with,
 the rollout cells (plain against an EAGLE chain of 3 and two EAGLE-2 trees of TLT's GPU sizes,
-from 1, 4, 16 and 64 rows, 256 tokens each, at T = 0.9 under `coupled` and at T = 0), the
-engine's decode step under each XLA command-buffer setting, the rest of the cost grid, and the
-Qwen2.5-1.5B shape's costs and update step. docs/GPU.md says how a window runs it.
+from 1, 4, 16 and 64 rows, 256 tokens each, at T = 0.9 under `coupled` and at T = 0), the EAGLE
+chain against plain sampling in the `invariant` numerics (rows equal), the engine's decode step
+under each XLA command-buffer setting, the rest of the cost grid, and the Qwen2.5-1.5B shape's
+costs and update step. docs/GPU.md says how a window runs it.
 
 Run (on the GPU box, after the bundle's parts have travelled):
   python -m experiments.gpu_proof
@@ -39,6 +40,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.workload.model.compute_dtype = "bfloat16"
     c.workload.rollout.max_new_tokens = 256
     c.drafter = "smollm2"
+  # `invariant`: coupled SD against plain sampling in the invariant numerics (every row equal)
+  c.invariant = ml_collections.ConfigDict(dict(
+      arms=(("eagle", 2, 0),) if dry else (("eagle", 3, 0),), rows=(1,) if dry else (1, 4),
+      new_tokens=8 if dry else 128, repeats=1 if dry else 3))
   # XLA_FLAGS settings of `command_buffers`, each in a fresh process: XLA's own, none, and whole
   # loops captured too (the decode dispatch is a while loop of 8 steps)
   c.command_buffers = ml_collections.ConfigDict(dict(
