@@ -220,7 +220,10 @@ def command_buffers(ctx: Context) -> dict:
   for i, (name, flags) in enumerate(todo):
     if ctx.left() < cb.timeout_s:
       return result(todo[i:])
-    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip())
+    # This process holds most of the device's memory (JAX preallocates): the child allocates
+    # only what it uses.
+    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip(),
+               XLA_PYTHON_CLIENT_PREALLOCATE="false")
     args = json.dumps({"variant": ctx.c.variant, "model_path": ctx.c.model_path})
     t0 = time.perf_counter()
     try:
