@@ -83,19 +83,14 @@ def test_bench_numerics_small():
 
 def test_bench_spec_small():
   """Greedy and coupled SD equal plain decoding under the XLA flags users run (the fast suite
-  checks the same at its cheaper compile level)."""
+  checks the same at its cheaper compile level), with speculative steps in both (the bandit
+  tries every arm; the cost chooser's report is tests/spec/test_cost_chooser.py's)."""
   out = last_json(run_module("experiments.bench_spec",
                              "--config=experiments/configs/bench_spec_tiny.py:small",
                              fast_compile=False))
   assert out["greedy_exact"] is True and out["coupled_identical"] is True
   assert out["differing_rows"] == out["differing_rows_greedy"] == 0.0
-  assert out["accept_len"] >= 1.0
-  # Arms by the cost model. Which arms it lets run depends on this machine's measured costs
-  # (on a busy CPU none may pay): each one that ran is reported beside its prediction.
-  assert out["chooser"] == "cost" and isinstance(out["predicted_vs_measured"], dict)
-  for cell in out["predicted_vs_measured"].values():
-    measured = [cell[k] for k in ("measured", "measured_catch_up", "measured_compiling")]
-    assert cell["predicted"] is not None and max(m or 0 for m in measured) > 0
+  assert out["accept_len"] >= 1.0 and out["accept_len_greedy"] >= 1.0
 
 
 def test_bench_gpu_small_writes_every_figure(tmp_path):

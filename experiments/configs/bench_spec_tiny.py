@@ -19,11 +19,13 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c = base.tiny_workload(small)
   c.rollout.temperature = 0.9
   c.drafter = base.tiny_drafter(small)
-  # The small run's 16 rows speculate from the start, arms chosen by the cost model; it has no
-  # depth-6 arm, the costliest to compile (each arm's exactness is also a unit test's).
+  # The small run's 16 rows speculate from the start, and the bandit tries every arm (priced by
+  # the cost model, none pays on this CPU, where a verify of T tokens costs nearly T decode steps
+  # of `tiny`, and no step would speculate); it has no depth-6 arm, the costliest to compile
+  # (each arm's exactness is also a unit test's).
   c.spec = base.spec((("eagle", 3, 0), ("suffix", 4, 3)) if small
                      else (("eagle", 3, 0), ("eagle", 6, 0), ("suffix", 4, 3)),
-                     **(dict(threshold=16, chooser="cost") if small else {}))
+                     **(dict(threshold=16, chooser="bandit") if small else {}))
   c.bench = ml_collections.ConfigDict(dict(
       num_prompts=4 if small else 16, group_size=4 if small else 8, repeats=2, controller=True,
       sweep_rows=(), sweep_arms=(), sweep_repeats=0, ignore_eos=False))
