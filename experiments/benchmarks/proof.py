@@ -40,6 +40,7 @@ import numpy as np
 from experiments.benchmarks import gpu as gpu_bench
 from experiments.benchmarks import spec as spec_bench
 from experiments.benchmarks.cost import cost_table
+from experiments.configs import gpu_proof as proof_config
 from tlt_jax.kernels.attention import resolve_impl
 from tlt_jax.drafter.costs import measure_cost_table, needed_cells
 from tlt_jax.models.config import ModelConfig, get_shape
@@ -246,7 +247,6 @@ _STEPS_CODE = ("import json, sys; from experiments.benchmarks import proof; "
 def engine_steps(variant: str, model_path: str) -> dict:
   """`command_buffers`' measurement in this process: the proof's model (its config `variant`),
   the engine's greedy decode step at each of `command_buffers.rows`."""
-  from experiments.configs import gpu_proof as proof_config  # the launcher's config module
   c = proof_config.get_config(variant)
   c.model_path = model_path
   model = build_workload(proof_workload(c), 1, c.seed).model
