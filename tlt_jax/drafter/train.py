@@ -7,6 +7,7 @@ parameters are optimised (AdamW 0.9/0.95, weight decay 1e-2, clipping 1.0, as in
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +46,34 @@ def teacher_batch(target, tokens_BxL: np.ndarray, cfg) -> tuple[jax.Array, jax.A
   return target_features(out.layers, out.hidden_BxTxD, cfg), out.hidden_BxTxD
 
 
+@functools.lru_cache(maxsize=8)
+def _programs(graphdef, target_graphdef, train_cfg: DrafterTrainConfig):
+  """A drafter trainer's jitted step and evaluation, shared by every trainer of the same drafter
+  and target structure and settings in a process: a trainer built again (a resumed run, a second
+  run of one recipe) traces and compiles nothing that an earlier one did."""
+  opt = train_cfg.optimizer()
+
+  @jax.jit
+  def update(params, opt_state, target_params, tokens, feats, hidden, mask):
+    tgt = nnx.merge(target_graphdef, target_params)
+
+    def loss_fn(p):
+      return drafter_loss(nnx.merge(graphdef, p), tgt, tokens, feats, hidden, mask)
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, metrics
+
+  @jax.jit
+  def evaluate(params, target_params, tokens, feats, hidden, mask):
+    tgt, drafter = nnx.merge(target_graphdef, target_params), nnx.merge(graphdef, params)
+    metrics = drafter_loss(drafter, tgt, tokens, feats, hidden, mask)[1]
+    if drafter.restricted:  # a full head: for held-out metrics, not every training step
+      metrics["draft_vocab_mass"] = draft_vocab_mass(drafter, tgt, hidden, mask)
+    return metrics
+
+  return update, evaluate
+
+
 class DrafterTrainer:
   """Owns the drafter's optimizer state and step count; `step` is one jitted update."""
 
@@ -58,29 +87,9 @@ class DrafterTrainer:
     self.step_count = 0
     self.feature_dtype = jnp.dtype(target.cfg.dtype)
     self._device = None
-    graphdef, target_graphdef, opt = self.graphdef, self.target_graphdef, self.opt
-
-    @jax.jit
-    def update(params, opt_state, target_params, tokens, feats, hidden, mask):
-      tgt = nnx.merge(target_graphdef, target_params)
-
-      def loss_fn(p):
-        return drafter_loss(nnx.merge(graphdef, p), tgt, tokens, feats, hidden, mask)
-      (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-      updates, opt_state = opt.update(grads, opt_state, params)
-      return optax.apply_updates(params, updates), opt_state, metrics
-
-    self.update_fn = update  # (params, opt_state, target_params, tokens, feats, hidden, mask)
-
-    @jax.jit
-    def evaluate(params, target_params, tokens, feats, hidden, mask):
-      tgt, drafter = nnx.merge(target_graphdef, target_params), nnx.merge(graphdef, params)
-      metrics = drafter_loss(drafter, tgt, tokens, feats, hidden, mask)[1]
-      if drafter.restricted:  # a full head: for held-out metrics, not every training step
-        metrics["draft_vocab_mass"] = draft_vocab_mass(drafter, tgt, hidden, mask)
-      return metrics
-
-    self.evaluate_fn = evaluate
+    # (params, opt_state, target_params, tokens, feats, hidden, mask) and (params,
+    # target_params, tokens, feats, hidden, mask)
+    self.update_fn, self.evaluate_fn = _programs(self.graphdef, self.target_graphdef, train_cfg)
 
   def set_target(self, target_params) -> None:
     """The policy changed: the shared embedding and head follow its new weights

@@ -10,6 +10,7 @@ little. The same code runs on 1 device and on a faked multi-device CPU mesh.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -115,39 +116,9 @@ class PolicyUpdater:
     self.step_count = 0
     rows2, rows1 = batch_sharding(mesh, 2), batch_sharding(mesh, 1)
     self._row_shardings = PolicyBatch(rows2, rows1, rows2, rows1, rows2, rows2)
-    self._grad = jax.jit(self._grad_fn, donate_argnums=1,
-                         in_shardings=(self.param_sharding, self.param_sharding,
-                                       self._row_shardings, None),
-                         out_shardings=(self.param_sharding, None, rows2))
-    self._apply = jax.jit(self._apply_fn,
-                          in_shardings=(self.param_sharding, self.opt_sharding,
-                                        self.param_sharding),
-                          out_shardings=(self.param_sharding, self.opt_sharding, None))
-    self._logprobs = jax.jit(self._logprobs_fn, static_argnames="n")  # compiled once per width
-
-  def _logprobs_fn(self, params, tokens_RxL, prompt_len_R, n: int):
-    return token_logprobs(nnx.merge(self.graphdef, params), tokens_RxL, prompt_len_R, n,
-                          self.sampling)
-
-  def _grad_fn(self, params, grads_acc, mb: PolicyBatch, weight):
-    """`grads_acc` plus `weight` x the gradient of one group's loss; the weighted metrics; the
-    group's log-probs `[R, N]` under `params`."""
-
-    def loss_fn(p):
-      model = nnx.merge(self.graphdef, p)
-      logp, ent = token_logprobs(model, mb.tokens_RxL, mb.prompt_len_R, mb.mask_RxN.shape[1],
-                                 self.sampling, self.remat)
-      old = jax.lax.stop_gradient(logp) if mb.old_logp_RxN is None else mb.old_logp_RxN
-      loss, metrics = self.learner.loss(logp, old, mb.adv_R, mb.mask_RxN, mb.ref_logp_RxN, ent)
-      return loss, (metrics, logp)
-
-    (_, (metrics, logp)), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    grads_acc = jax.tree.map(lambda a, b: a + weight * b, grads_acc, g)
-    return grads_acc, jax.tree.map(lambda m: weight * m, metrics), logp
-
-  def _apply_fn(self, params, opt_state, grads):
-    updates, opt_state = self.opt.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, optax.global_norm(grads)
+    self._grad, self._apply, self._logprobs = _programs(
+        self.graphdef, learner, params, remat, optim,
+        *map(_Static, (self.param_sharding, self.opt_sharding, self._row_shardings)))
 
   def groups(self, tokens_RxL: np.ndarray, prompt_len_R: np.ndarray, mask_RxN: np.ndarray):
     """`[(rows, sequence width, response width, padded rows), ...]`: the micro-batches."""
@@ -310,6 +281,64 @@ class PolicyUpdater:
     jax.block_until_ready(self._apply(self.params, self.opt_state, grads))
     return len(widths)
 
+
+
+class _Static:
+  """A pytree of shardings as a hashable key (its structure and leaves); `tree` gives it back."""
+
+  def __init__(self, tree):
+    leaves, self.treedef = jax.tree.flatten(tree)
+    self.leaves = tuple(leaves)
+
+  def __hash__(self):
+    return hash((self.treedef, self.leaves))
+
+  def __eq__(self, other):
+    return (self.treedef, self.leaves) == (other.treedef, other.leaves)
+
+  def tree(self):
+    return jax.tree.unflatten(self.treedef, self.leaves)
+
+
+@functools.lru_cache(maxsize=8)
+def _programs(graphdef, learner: Learner, sampling: SamplingParams, remat: str,
+              optim_cfg: OptimConfig, param_sharding: _Static, opt_sharding: _Static,
+              row_shardings: _Static):
+  """An update's jitted functions (one group's gradient, the optimizer step, log-probs by
+  width), shared by every updater of the same model structure, settings and layouts in a process:
+  an updater built again (a resumed run, a run beside its baseline) traces and compiles nothing
+  that an earlier one did."""
+  params_s, opt_s, rows_s = param_sharding.tree(), opt_sharding.tree(), row_shardings.tree()
+  opt = optim_cfg.optimizer()
+
+  def grad_fn(params, grads_acc, mb: PolicyBatch, weight):
+    """`grads_acc` plus `weight` x the gradient of one group's loss; the weighted metrics; the
+    group's log-probs `[R, N]` under `params`."""
+
+    def loss_fn(p):
+      model = nnx.merge(graphdef, p)
+      logp, ent = token_logprobs(model, mb.tokens_RxL, mb.prompt_len_R, mb.mask_RxN.shape[1],
+                                 sampling, remat)
+      old = jax.lax.stop_gradient(logp) if mb.old_logp_RxN is None else mb.old_logp_RxN
+      loss, metrics = learner.loss(logp, old, mb.adv_R, mb.mask_RxN, mb.ref_logp_RxN, ent)
+      return loss, (metrics, logp)
+
+    (_, (metrics, logp)), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    grads_acc = jax.tree.map(lambda a, b: a + weight * b, grads_acc, g)
+    return grads_acc, jax.tree.map(lambda m: weight * m, metrics), logp
+
+  def apply_fn(params, opt_state, grads):
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, optax.global_norm(grads)
+
+  def logprobs_fn(params, tokens_RxL, prompt_len_R, n: int):
+    return token_logprobs(nnx.merge(graphdef, params), tokens_RxL, prompt_len_R, n, sampling)
+
+  grad = jax.jit(grad_fn, donate_argnums=1, in_shardings=(params_s, params_s, rows_s, None),
+                 out_shardings=(params_s, None, rows_s.tokens_RxL))
+  apply = jax.jit(apply_fn, in_shardings=(params_s, opt_s, params_s),
+                  out_shardings=(params_s, opt_s, None))
+  return grad, apply, jax.jit(logprobs_fn, static_argnames="n")  # one per width
 
 def rollout_update(updater: PolicyUpdater, batch: PolicyBatch, logprobs_RxN: np.ndarray,
                    mini_batches: int, epochs: int, rng: np.random.Generator):
