@@ -277,6 +277,7 @@ def test_spot_training_runs_only_on_idle_shards_and_publishes_to_every_shard():
   assert out["rewards_equal_to_frozen"] is True  # coupled: the drafter changes speed only
 
 
+@pytest.mark.slow  # a TLT run end to end, its export and a resume (~20 s)
 @pytest.mark.long
 def test_a_tlt_run_exports_a_policy_and_drafter_that_generate_can_load(tmp_path):
   w = workload()

@@ -106,6 +106,8 @@ def _tlt(out_dir, steps):
   return run_config(c)
 
 
+@pytest.mark.slow  # three tiny TLT runs end to end (~35 s)
+@pytest.mark.long
 def test_the_adaptive_drafter_s_buffer_and_version_survive_a_resume(tmp_path):
   """`tiny_tlt:small` (one device, two drafter steps per RL step) straight to step 2, and to
   step 1 then resumed: the same buffer (tokens, lengths, steps, versions; hidden states within
