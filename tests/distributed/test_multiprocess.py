@@ -65,7 +65,6 @@ def _json_of(out: str, prefix: str = "") -> dict:
                     [len(prefix):])
 
 
-@pytest.mark.slow  # two processes end to end, each compiling its shards' programs (~30 s)
 @pytest.mark.long
 def test_a_rollout_spread_over_processes_in_tp_shards_gives_the_tokens_of_one_process():
   one = _run([PY, "-m", "tests.distributed.rollout_worker"], 300)
