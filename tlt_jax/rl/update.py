@@ -282,7 +282,6 @@ class PolicyUpdater:
     return len(widths)
 
 
-
 class _Static:
   """A pytree of shardings as a hashable key (its structure and leaves); `tree` gives it back."""
 
