@@ -54,7 +54,7 @@ def test_different_outputs_are_priced_at_plain_rates_per_bucket():
   assert sd_speedup(plain, sd) is None
 
 
-@pytest.mark.long
+@pytest.mark.slow  # a benchmark's sweep: two engines per arm, timed twice
 @pytest.mark.parametrize("rule", ["coupled", "rejection"])
 def test_the_fixed_length_sweep_emits_the_same_tokens_under_either_rule(rule):
   """With `ignore_eos` every row decodes exactly max_new_tokens, plain or speculative under

@@ -152,6 +152,7 @@ def test_our_export_imports_back_bit_for_bit_and_bad_folders_are_one_line(tmp_pa
                    target=target)
 
 
+@pytest.mark.slow  # the serving side end to end: policy and drafter exported, run in PyTorch
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("architecture", ["eagle3", "eagle"])
 def test_a_pytorch_loop_with_the_exported_drafter_accepts_what_our_engine_accepts(tmp_path,

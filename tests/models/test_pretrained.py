@@ -202,6 +202,7 @@ def llama_checkpoint(tmp_path):
   return directory, hf_tok
 
 
+@pytest.mark.slow  # the CLI end to end, three launches
 def test_generate_cli_with_a_drafter_prints_plain_decoding_s_text_as_json(llama_checkpoint,
                                                                           tmp_path):
   """`--prompt --chat --json --drafter`: the token ids of plain decoding of the chat-wrapped
@@ -222,6 +223,7 @@ def test_generate_cli_with_a_drafter_prints_plain_decoding_s_text_as_json(llama_
   assert too_long.returncode != 0 and "exceeds the model context" in too_long.stderr
 
 
+@pytest.mark.slow  # the CLI end to end, two launches in bf16
 def test_generate_cli_decodes_a_prompts_file_alike_with_and_without_a_drafter_in_bf16(
     llama_checkpoint, tmp_path):
   """`--prompts_file` as one batch, sampled at T = 0.9 in bfloat16 with `--numerics=invariant`:

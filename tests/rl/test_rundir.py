@@ -39,6 +39,7 @@ def _files(directory) -> dict:
   return out
 
 
+@pytest.mark.slow  # three runs and a refused launch
 def test_a_run_directory_takes_no_other_run_and_records_each_launch(tmp_path):
   out = tmp_path / "run"
   run(run_config(_config(out)), progress=False)

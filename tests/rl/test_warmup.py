@@ -18,7 +18,7 @@ from tlt_jax.rollout.pool import use_compilation_cache
 from tlt_jax.spec.strategy import SpecConfig, Strategy
 
 
-@pytest.mark.long
+@pytest.mark.slow  # a TLT run whose warm-up builds every program its steps reach
 def test_no_step_compiles_after_warm_up(tmp_path):
   w = workload()
   w.tokenizer = CharTokenizer(w.model.cfg.vocab_size)
