@@ -60,8 +60,9 @@ from tlt_jax.models import ModelConfig, init_model
 
 def pytest_collection_modifyitems(items):
   """Tests marked `long` run first, the rest in collection order: pytest-xdist hands tests (with
-  `--dist loadfile`, their files) to its workers in that order, and a long test handed out last
-  keeps one worker busy while the other has nothing left."""
+  `--dist loadfile --no-loadscope-reorder`, their files) to its workers in that order, and a long
+  test, or a heavy file, handed out last keeps one worker busy while the other has nothing left.
+  The fast suite's heavy files (~40 s or more) each mark their longest test `long`."""
   items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
