@@ -13,10 +13,9 @@ unexport PYTHONDONTWRITEBYTECODE
 # Test workers (pytest-xdist): most tests compile or dispatch on one core, so two share the machine.
 # The fast suite hands each worker whole files (`--dist loadfile`): a file's tests share the
 # programs, trained drafters and reference rollouts that its first test builds, which a worker
-# handed single tests built again (8 % of the suite's work), in the order tests/conftest.py sets:
-# heavy files first (xdist's own order, by test count, handed them out last). The slow suite's
-# tests are end-to-end runs of minutes each, handed out as workers free up (`--maxschedchunk=1`,
-# not in batches that leave one worker a queue while the other idles), the `long` ones first.
+# handed single tests built again (8 % of the suite's work). The slow suite's tests are end-to-end
+# runs of minutes each, handed out as workers free up (`--maxschedchunk=1`, not in batches that
+# leave one worker a queue while the other idles), the `long` ones first (tests/conftest.py).
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test test-slow test-gpu install smollm2 warmstart pictures clean-cache bench-gpu wheels \
@@ -54,7 +53,7 @@ demo: $(VENV)/.base
 	$(PY) -m experiments.demo --config=experiments/configs/demo.py
 
 test: $(VENV)/.test $(VENV)/.smollm2 $(VENV)/.speculators
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow and not gpu" --durations=25
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not slow and not gpu" --durations=25
 
 test-slow: $(VENV)/.test $(VENV)/.smollm2 $(VENV)/.speculators
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=1 -m "slow and not gpu" --durations=25

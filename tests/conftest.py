@@ -59,10 +59,10 @@ from tlt_jax.models import ModelConfig, init_model
 
 
 def pytest_collection_modifyitems(items):
-  """Tests marked `long` run first, the rest in collection order: pytest-xdist hands tests (with
-  `--dist loadfile --no-loadscope-reorder`, their files) to its workers in that order, and a long
-  test, or a heavy file, handed out last keeps one worker busy while the other has nothing left.
-  The fast suite's heavy files (~40 s or more) each mark their longest test `long`."""
+  """Tests marked `long` run first, the rest in collection order: the slow suite's workers take
+  tests in that order, and a long test handed out last keeps one worker busy while the other has
+  nothing left. The fast suite's (`--dist loadfile`) take whole files, most tests first, which
+  keeps its multi-device files apart (heavy files first ran them side by side, and slower)."""
   items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 

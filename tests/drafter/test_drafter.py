@@ -101,7 +101,6 @@ def _run(model, params, prompts, g, spec=None, drafter=None, key=0, follow="lazy
   return out
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("trained,layers,arms,architecture", [
     (False, (), EAGLE, "tlt"), (True, (), EAGLE, "tlt"), (True, (0, 1, 2), EAGLE, "tlt"),
     (False, (), TREE, "tlt"), (True, (), TREE, "tlt"), (True, (0, 1, 2), TREE, "tlt"),

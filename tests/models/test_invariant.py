@@ -71,7 +71,6 @@ def test_attention_gives_a_query_row_the_same_numbers_in_every_call(head_dim):
                                   err_msg=f"{rows} {start} {t} {slots}")
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_position_is_computed_alike_by_every_call(dtype):
   model = _model(dtype, "invariant")

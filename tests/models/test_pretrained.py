@@ -166,7 +166,6 @@ def test_sharded_safetensors_index_loads(tmp_path):
     load_pretrained(directory)
 
 
-@pytest.mark.long
 def test_speculative_generation_gives_plain_decoding_s_text(checkpoint, tmp_path):
   """Serving with speculative decoding and a (here random) drafter artifact is exact, through
   the function `experiments.generate` serves with: a chain drafter greedy, a tree drafter with a

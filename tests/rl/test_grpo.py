@@ -210,7 +210,6 @@ def test_non_finite_update_is_refused_and_state_kept():
   assert up.step_count == 0
 
 
-@pytest.mark.long
 def test_same_update_on_a_2_device_mesh():
   out = run_on_fake_devices("tests.rl.mesh_worker")
   # Updates are ~lr = 1e-2 in size; cross-device reduction order moves them by float rounding,

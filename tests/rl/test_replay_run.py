@@ -50,7 +50,6 @@ def test_replay_is_the_same_run_as_decoding_afresh(tmp_path, temperature):
     assert any(m["train/grad_norm"] > 0 for m in fresh)  # the policy moved between visits
 
 
-@pytest.mark.long
 def test_in_bf16_invariant_numerics_replay_is_bitwise_the_same_run(tmp_path):
   """bf16, where a verify of a replayed chunk and a decode step round alike only in invariant
   numerics: the run with replay equals the run without exactly (rewards, losses, gradient

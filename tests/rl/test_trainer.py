@@ -99,7 +99,6 @@ def test_a_bf16_run_keeps_float32_masters_and_log_probs_within_a_bound(tmp_path)
   assert rollout == {jnp.dtype("bfloat16")}
 
 
-@pytest.mark.long
 def test_in_invariant_numerics_the_trainer_recomputes_the_rollouts_log_probs_bit_for_bit(
     tmp_path):
   """bf16 with `numerics="invariant"`, decode steps and chain verifies in the rollout: the

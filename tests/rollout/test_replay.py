@@ -130,7 +130,6 @@ def test_without_addresses_an_engine_under_prompt_noise_samples_as_one_under_ste
       prompt_noise.tokens, step.generate(prompts, g, params, jax.random.key(9)).tokens)
 
 
-@pytest.mark.long
 def test_replay_beside_speculation_and_without_compiles(model):
   """With a coupled suffix arm: replay then speculation, the tokens of plain decoding; after a
   warm-up nothing compiles."""

@@ -51,7 +51,6 @@ def _run(model, params, prompts, g, spec=None, key=0, **kw):
 ONE_BUCKET = dict(batch_buckets=(8,), max_batch=8)
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("threshold,buckets,n,g", [
     (16, (1, 2, 4, 8, 16), 5, 2),   # speculating from the first step
     (4, (1, 2, 4, 8, 16), 8, 1),    # switching on mid-rollout, once 4 rows or fewer are live
