@@ -268,7 +268,7 @@ def test_publishing_refuses_nan_and_collapsed_drafters(sd_rollout):
   assert eng.weights.drafter_version == version + 1 == pub.version
 
 
-@pytest.mark.long
+@pytest.mark.slow  # a TLT run on two fake devices, in a subprocess
 def test_spot_training_runs_only_on_idle_shards_and_publishes_to_every_shard():
   out = run_on_fake_devices("tests.drafter.shard_worker", devices=2, timeout=600)
   assert out["spot_steps"] > 0, out

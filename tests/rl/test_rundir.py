@@ -69,6 +69,7 @@ def test_a_run_directory_takes_no_other_run_and_records_each_launch(tmp_path):
       == [False]
 
 
+@pytest.mark.slow  # a run and three launches
 def test_a_failed_launch_writes_nothing_into_a_run_and_leaves_no_new_folder(tmp_path):
   out = tmp_path / "run"
   run(run_config(_config(out)), progress=False)
