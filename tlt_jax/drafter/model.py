@@ -256,7 +256,8 @@ def init_drafter(target: ModelConfig, cfg: DrafterConfig = DrafterConfig(), seed
 def drafter_cache(target: ModelConfig, batch: int, max_len: int, attention: str = "xla"
                   ) -> KVCache:
   """An empty one-layer KV cache for the drafter of `target` (`batch` rows, `max_len` slots)."""
-  return init_cache(layer_config(target), batch, max_len, impl=attention)
+  # The drafter's layer attends by `attention` in any numerics (its cache is never "invariant").
+  return init_cache(layer_config(target).replace(numerics="fast"), batch, max_len, impl=attention)
 
 
 def target_features(layers_hidden, final_hidden, cfg: DrafterConfig) -> jax.Array:

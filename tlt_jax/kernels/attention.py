@@ -30,8 +30,11 @@ from jax.sharding import PartitionSpec
 from tlt_jax.kernels.prefix_pallas import MIN_TILE, NEG, prefix_attention
 
 IMPLS = ("xla", "pallas")
-# The slot axis of the cached keys `[B, K, ., .]` in each implementation's layout.
-KEY_SLOT_AXIS = {"xla": 3, "pallas": 2}
+# The slot axis of the cached keys `[B, K, ., .]` in each cache layout: the implementations', and
+# "invariant", the layout of a model in invariant numerics (`models.invariant`), which attends by
+# key blocks of `INVARIANT_BLOCK` slots of `[B, K, S, H]` keys and values.
+KEY_SLOT_AXIS = {"xla": 3, "pallas": 2, "invariant": 2}
+INVARIANT_BLOCK = 64
 
 
 def default_impl(backend: str | None = None) -> str:
@@ -54,13 +57,14 @@ def resolve_impl(name: str, backend: str | None = None) -> str:
 
 
 def cache_slots(slots: int, impl: str) -> int:
-  """The slots a cache of at least `slots` slots gets in `impl`'s layout (the kernel's tiles
-  are whole)."""
-  return -(-slots // MIN_TILE) * MIN_TILE if impl == "pallas" else slots
+  """The slots a cache of at least `slots` slots gets in `impl`'s layout (the kernel's tiles, or
+  the invariant attention's key blocks, are whole)."""
+  granule = {"pallas": MIN_TILE, "invariant": INVARIANT_BLOCK}.get(impl, 1)
+  return -(-slots // granule) * granule
 
 
 def key_shape(batch: int, kv_heads: int, head_dim: int, slots: int, impl: str) -> tuple:
-  """The cached keys' shape in `impl`'s layout (xla: `[B, K, H, S]`, pallas: `[B, K, S, H]`)."""
+  """The cached keys' shape in `impl`'s layout (xla: `[B, K, H, S]`, else `[B, K, S, H]`)."""
   return ((batch, kv_heads, head_dim, slots) if impl == "xla"
           else (batch, kv_heads, slots, head_dim))
 

@@ -7,16 +7,20 @@ one row takes another kernel than one of two, one of 64 rows splits its contract
 one of 16, a fused reduce vectorises by its output's shape; on a GPU cuBLAS picks algorithms and
 split-K by shape. So here no reduction's shape depends on the call:
 - every row-wise step (the norms, the projections, RoPE, the MLP, the head) runs over tiles of
-  `ROW_TILE` rows, one loop body of one shape (`lax.map`) whatever the number of rows;
+  `ROW_TILE` rows, one loop body of one shape (`lax.map`) whatever the number of rows, and a
+  call of one tile runs that body alone between optimisation barriers (`row_map`);
 - attention reads the keys in blocks of `KEY_BLOCK` slots and the query rows of a kv head in
   tiles of `Q_TILE`, one tile per loop step. Scores and weighted values are batched products
   whose batch is (row, kv head, block) and whose every element has `Q_TILE` query rows and the
   contraction of one head (scores) or one block (values): each element runs alike whatever the
   batch (tests/models/test_invariant.py holds XLA to it; a product of a few query rows runs
-  otherwise than one of many, with heads of 64). The softmax's maximum is exact in any order; its sum rides along as a column
-  of ones beside the values; the blocks' partial sums are added one after another in slot order,
-  so the blocks a query does not see (past its position, or past a shorter call's last slot) add
-  exact zeros.
+  otherwise than one of many, with heads of 64). The softmax's maximum is exact in any order;
+  its sum is a product of the weights with ones, batched as the values' is; the blocks' partial
+  sums are added one after another in slot order, so the blocks a query does not see (past its
+  position, or past a shorter call's last slot) add exact zeros.
+The cache of a model in this mode is laid out for it (`kv_cache.init_cache`: keys and values
+`[B, K, S, H]`, slots in whole key blocks), so a step reads its blocks where they lie, with no
+copy of the cache.
 A key's slot is its position in a chain (decode, chain verify, prefill, the trainer's full
 forward over left-aligned sequences), so a query meets the same keys in the same blocks in every
 call. A tree verify writes a node at its index among the tree's nodes, so each of its nodes
@@ -29,36 +33,41 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from tlt_jax.kernels.attention import INVARIANT_BLOCK
 from tlt_jax.models import kv_cache as kvc
 
 ROW_TILE = 16   # rows of each row-wise loop step
-KEY_BLOCK = 64  # key slots of each attention block
+KEY_BLOCK = INVARIANT_BLOCK  # key slots of each attention block (a cache's slots: whole blocks)
 Q_TILE = 4      # query rows (of one kv head) of each attention product
 FEW_TILES = 4   # query tiles up to which attention runs tile by tile (decode steps, verifies)
 EXP_TILE = 512  # blocks of scores per step of the softmax's exponentials
 _NEG = -1e30    # a score no query sees (finite: the masked terms' gradients stay finite)
 
 
-def row_map(fn, *arrays_R, tile: int = ROW_TILE):
-  """`fn` over tiles of `tile` rows of arrays with R leading rows, in a loop of at least two
-  steps (zero rows pad the last tile, and make a second where one would do; they are cut off
-  again); `fn` maps tiles `[tile, ...]` to a pytree of them. A loop of one step would be inlined
-  and its operations fused with what surrounds it, where XLA:CPU may hand them to another library
-  (YNNPACK) by their new shapes, whose exponential rounds otherwise. Where the rows fit one tile,
-  the second step skips its padding (`lax.cond` on the step: a branch computes the tile as the
-  loop body does, tested), so a call of up to `tile` rows costs one tile."""
+def row_map(fn, *arrays_R, tile: int = ROW_TILE, loop: bool = False):
+  """`fn` over tiles of `tile` rows of arrays with R leading rows (zero rows pad the last tile;
+  they are cut off again); `fn` maps tiles `[tile, ...]` to a pytree of them. Several tiles run
+  in a loop (`lax.map`), one loop body of one shape; a single tile runs as that body between
+  optimisation barriers, which keep XLA from fusing its operations with what surrounds it, so a
+  call of up to `tile` rows costs one tile and no loop. With `loop`, a single tile runs in a loop
+  too, of two steps whose second skips its padding (`lax.cond`; a loop of one step is inlined):
+  XLA:CPU rounds an exponential inside a loop body otherwise than outside one."""
   r = arrays_R[0].shape[0]
   real = -(-r // tile)
-  pad = max(real, 2) * tile - r
+  steps = max(real, 2) if loop else real
+  pad = steps * tile - r
   tiles = tuple(jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)).reshape(
       -1, tile, *a.shape[1:]) for a in arrays_R)
   if real >= 2:
     out = jax.lax.map(lambda xs: fn(*xs), tiles)
-  else:
+  elif loop:
     shapes = jax.eval_shape(fn, *(jax.ShapeDtypeStruct(t.shape[1:], t.dtype) for t in tiles))
     skip = lambda xs: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     out = jax.lax.map(lambda i_xs: jax.lax.cond(i_xs[0] == 0, lambda xs: fn(*xs), skip,
                                                 i_xs[1]), (jnp.arange(2), tiles))
+  else:
+    barrier = jax.lax.optimization_barrier
+    out = jax.tree.map(lambda y: y[None], barrier(fn(*barrier(tuple(t[0] for t in tiles)))))
   return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:])[:r], out)
 
 
@@ -74,8 +83,7 @@ def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, visible_BxTxS) -> jax.Array:
   blocks = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, pad), (0, 0)]).reshape(
       b, kh, nb, KEY_BLOCK, x.shape[-1])
   keys_BxKxJxCxH = blocks(k_BxKxSxH)
-  v_ext_BxKxJxCxH1 = blocks(jnp.concatenate([v_BxKxSxH.astype(jnp.float32),
-                                             jnp.ones((b, kh, s, 1), jnp.float32)], axis=-1))
+  values_BxKxJxCxH = blocks(v_BxKxSxH.astype(jnp.float32))
   # Query rows of kv head k: its G heads, each over the T tokens, in tiles of Q_TILE rows (zero
   # rows pad the last), so that every product has Q_TILE query rows whatever the call.
   m = g * t
@@ -103,12 +111,17 @@ def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, visible_BxTxS) -> jax.Array:
     # element falls by the array's shape: every exponential in one loop body of one shape.
     return row_map(lambda x, top_, seen_: jnp.where(seen_, jnp.exp(x - top_), 0.0),
                    *(x.reshape(-1, KEY_BLOCK) for x in (scores, top, seen)),
-                   tile=EXP_TILE).reshape(scores.shape)
+                   tile=EXP_TILE, loop=True).reshape(scores.shape)
 
   def values_of(p_1xBxKxJxQxC):
-    return jax.lax.dot_general(p_1xBxKxJxQxC[0], v_ext_BxKxJxCxH1,
-                               (((4,), (3,)), ((0, 1, 2), (0, 1, 2))),
-                               preferred_element_type=jnp.float32)[None]
+    """Each block's weighted values and, beside them, its weights' sum (a product with ones)."""
+    p = p_1xBxKxJxQxC[0]
+    num = jax.lax.dot_general(p, values_BxKxJxCxH, (((4,), (3,)), ((0, 1, 2), (0, 1, 2))),
+                              preferred_element_type=jnp.float32)
+    ones = jnp.ones((b, kh, nb, KEY_BLOCK, 1), jnp.float32)
+    den = jax.lax.dot_general(p, ones, (((4,), (3,)), ((0, 1, 2), (0, 1, 2))),
+                              preferred_element_type=jnp.float32)
+    return jnp.concatenate([num, den], axis=-1)[None]
 
   def normalised(part_IxBxKxJxQxH1):
     total = part_IxBxKxJxQxH1[:, :, :, 0]
@@ -171,11 +184,11 @@ def block(block, x_BxTxD, positions_BxT, mask_BxTxT, cache: kvc.KVCache | None, 
     written = (k, v)
     keys, values, visible = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask_BxTxT
   else:
-    if cache.impl != "xla":
-      raise ValueError("numerics='invariant' runs the 'xla' attention layout; set the engine's "
-                       "attention to 'xla'.")
+    if cache.impl != "invariant":
+      raise ValueError(f"A model in invariant numerics reads a cache in the 'invariant' layout "
+                       f"(`kv_cache.init_cache` of its config), not {cache.impl!r}.")
     written = kvc.write_kv(cache, layer, k, v)
-    keys, values = written[0].transpose(0, 1, 3, 2), written[1]  # [B, K, S, H] both
+    keys, values = written  # [B, K, S, H] both
     s = values.shape[2]
     slot_S = jnp.arange(s)
     committed_BxS = slot_S[None, :] < cache.lengths_B[:, None]

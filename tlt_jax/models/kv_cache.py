@@ -62,9 +62,12 @@ class KVCache:
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None, impl: str = "xla"
                ) -> KVCache:
-  """An empty cache of at least `max_len` slots for attention implementation `impl`; k and v
-  are separate buffers so that the cache can be donated."""
+  """An empty cache of at least `max_len` slots for attention implementation `impl`, or, for a
+  model in invariant numerics, which runs its own attention, in the "invariant" layout whatever
+  `impl` says; k and v are separate buffers so that the cache can be donated."""
   dtype = jnp.dtype(dtype or cfg.dtype)
+  if cfg.numerics == "invariant":
+    impl = "invariant"
   slots = cache_slots(max_len, impl)
   k_shape = key_shape(batch, cfg.n_kv_heads, cfg.hd, slots, impl)
   v_shape = (batch, cfg.n_kv_heads, slots, cfg.hd)
