@@ -9,6 +9,7 @@ from flax import nnx
 
 from tests.conftest import jit_forward, small_config
 from tests.test_launchers import last_json, run_module
+from tlt_jax.drafter.model import drafter_cache
 from tlt_jax.drafter.warmup import target_fingerprint
 from tlt_jax.models import init_model, invariant
 from tlt_jax.models import kv_cache as kvc
@@ -154,6 +155,21 @@ def test_invariant_numerics_are_the_same_model():
   np.testing.assert_allclose(np.asarray(jit_forward(inv, tokens).logits_BxTxV),
                              np.asarray(jit_forward(fast, tokens).logits_BxTxV), atol=1e-5)
 
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_an_invariant_model_s_cache_is_laid_out_for_its_attention_whatever_the_engine_asks(impl):
+  """Keys and values `[B, K, S, H]` in whole key blocks (its attention reads them in place); its
+  drafter's cache in the layout asked for; a cache of another layout is refused in one line."""
+  cfg = _model("float32", "invariant").cfg
+  cache = kvc.init_cache(cfg, 2, 70, impl=impl)
+  slots = 2 * invariant.KEY_BLOCK
+  assert cache.impl == "invariant" and cache.max_len == slots
+  assert cache.k[0].shape == cache.v[0].shape == (2, cfg.n_kv_heads, slots, cfg.hd)
+  assert drafter_cache(cfg, 2, 70, impl).impl == impl
+  model = _model("float32", "invariant")
+  wrong = kvc.init_cache(model.cfg.replace(numerics="fast"), 2, 70, impl=impl)
+  with pytest.raises(ValueError, match="invariant numerics reads a cache in the 'invariant'"):
+    model(jnp.zeros((2, 1), jnp.int32), wrong)
 
 
 def test_the_log_probs_a_gradient_program_computes_are_the_forward_s():

@@ -82,7 +82,8 @@ class EngineConfig:
   # Attention over the KV cache (`kernels.attention`): "xla", "pallas" (a Pallas kernel that
   # reads each row's cache only up to its length, each tp device its own kv heads; interpreted
   # on CPU) or "auto" (pallas on GPU, xla elsewhere). Both give the same tokens; the cache's
-  # layout follows it.
+  # layout follows it. A policy in invariant numerics attends in its own fixed order whatever
+  # this says (its drafter by this).
   attention: str = "auto"
   # The policy's KV cache dtype (`models/precision.py`); empty: the model's compute dtype. The
   # draft model's one-layer cache is always in the compute dtype.
