@@ -188,10 +188,11 @@ def rollouts(ctx: Context) -> dict:
 
 
 def invariant(ctx: Context) -> dict:
-  """Each of the config's arms against plain decoding in the `invariant` numerics (on the `xla`
-  attention layout, which it runs), T = the rollout's temperature under `coupled`, every row
-  decoding `new_tokens`: there SD must equal plain sampling on every row; the speedup says what
-  the fixed orders leave of it (unpriced: the cost table is the `fast` model's)."""
+  """Each of the config's arms against plain decoding in the `invariant` numerics (the policy in
+  its own cache layout, the drafter on `xla` attention), T = the rollout's temperature under
+  `coupled`, every row decoding `new_tokens`: there SD must equal plain sampling on every row;
+  the speedup says what the fixed orders leave of it (unpriced: the cost table is the `fast`
+  model's)."""
   iv, w = ctx.c.invariant, ctx.workload
   cfg = w.model.cfg
   model = Precision(cfg.param_dtype, cfg.dtype, "invariant").apply(w.model)
