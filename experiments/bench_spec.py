@@ -98,7 +98,8 @@ def print_sweep(sweep, temperature, repeats, ignore_eos) -> None:
           f"{f(r['accept_len'], 7, 2)} {f(r.get('accept_len_to_eos'), 7, 2)} "
           f"{r['differing_rows']:.3f}")
   print("the speculative step's parts, ms (verify, draft and follow as the cost model prices "
-        "them; other: the measured step beyond them; host: between dispatches, per step):")
+        "them; SD and plain step: the fastest round's; other: the SD step beyond its parts; host: "
+        "between dispatches, per step):")
   print(" rows  arm                   c(B,1)   verify    draft   follow  SD step  plain step"
         "    other     host")
   for r in sweep:

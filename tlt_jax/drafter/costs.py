@@ -30,6 +30,7 @@ from tlt_jax.spec.verify import coupled_targets
 
 _COST_PARAMS = SamplingParams(temperature=0.9)  # a sampled draft, as in the benchmarks
 _MIN_STEP_SHARE = 0.1  # a step is never priced below this share of a call of it (timing noise)
+_LOOP_STEPS = 7  # a call of 1 + this many steps measures a call's own cost (a dispatch runs 8)
 
 
 def call_times(fn, iters: int) -> np.ndarray:
@@ -100,18 +101,15 @@ def alternating_times(runners: dict, rounds: int, iters: int) -> dict:
   return {k: np.asarray(v) for k, v in times.items()}
 
 
-def call_overhead(run, rounds: int, iters: int, steps: int = 3) -> float:
-  """Seconds a call of `run` (`run(n)`: `n` steps in one program) costs beyond its step: per
-  round, the fastest call of one step less what a step adds to a call (the fastest call of
-  1 + `steps` steps less the fastest of one, over `steps`); the median over rounds, never below 0.
-  The engine launches several steps a program (`steps_per_dispatch`), so a step costs it what it
-  adds to a call, not a call's own launch and wait: on an H200 a call of SmolLM2's step costs
-  ~0.5 ms more than the step (docs/BENCHMARKS.md, "On a GPU")."""
-  out = []
-  for _ in range(rounds):
-    one, more = (float(np.min(call_times(lambda n=n: run(n), iters))) for n in (1, 1 + steps))
-    out.append(one - (more - one) / steps)
-  return max(0.0, float(np.median(out)))
+def call_overhead(one_s: float, more_s: float, steps: int = _LOOP_STEPS) -> float:
+  """Seconds a call costs beyond its step, from the fastest call of one step (`one_s`) and of
+  1 + `steps` steps (`more_s`) of the same program: the call less what a step adds to it, never
+  below 0. The engine launches several steps a program (`steps_per_dispatch`), so a step costs it
+  what it adds to a call, not a call's own launch and wait: on an H200 a call of SmolLM2's step
+  costs ~0.5 ms more than the step (docs/BENCHMARKS.md, "On a GPU"). Both minima come from the
+  same alternating rounds as the cells they price, the longer call as long as a dispatch: on a
+  shared CPU, minima timed at other moments than the cells' moved a step's price by ms."""
+  return max(0.0, one_s - (more_s - one_s) / steps)
 
 
 def drafter_step_runner(target, drafter, batch: int, tokens: int, cache_len: int, *,
@@ -175,10 +173,10 @@ def measure_cost_table(target, drafter, target_cells, draft_cells, cache_len: in
                        prefix: int = 64, rounds: int = 3, iters: int = 5,
                        rule: str = "coupled") -> CostTable:
   """The fastest call of each cell less the call's own cost (`call_overhead`, measured on each
-  model's cheapest cell; a cell is never priced below `_MIN_STEP_SHARE` of its call); each
-  batch's cells, the target's and the drafter's (drafting under `rule`), timed together in
-  alternating rounds."""
-  tables, cheapest = {"t": {}, "d": {}}, {}
+  model's cheapest cell beside a call of it that runs a dispatch's steps; a cell is never priced
+  below `_MIN_STEP_SHARE` of its call); each batch's cells, the target's and the drafter's
+  (drafting under `rule`), timed together in alternating rounds."""
+  tables, loops = {"t": {}, "d": {}}, {}
   for b in sorted({b for b, _ in target_cells | draft_cells}):
     runners = {("t", t): step_runner(target, b, t, cache_len, prefix=prefix,
                                      params=_COST_PARAMS)
@@ -186,12 +184,14 @@ def measure_cost_table(target, drafter, target_cells, draft_cells, cache_len: in
     runners.update({("d", t): drafter_step_runner(target, drafter, b, t, cache_len,
                                                   prefix=prefix, rule=rule)
                     for bb, t in sorted(draft_cells) if bb == b})
-    for (kind, t), run in runners.items():
-      cheapest.setdefault(kind, run)  # the smallest batch's fewest tokens come first
+    for (kind, t), run in list(runners.items()):  # the smallest batch's fewest tokens come first
+      if kind not in loops:
+        loops[kind] = (b, t)
+        runners[(kind, "loop")] = lambda run=run: run(1 + _LOOP_STEPS)
     for (kind, t), x in alternating_times(runners, rounds, iters).items():
       tables[kind][(b, t)] = float(np.min(x))
-  for kind, run in cheapest.items():
-    overhead = call_overhead(run, rounds, iters)
+  for kind, cell in loops.items():
+    overhead = call_overhead(tables[kind][cell], tables[kind].pop((cell[0], "loop")))
     tables[kind] = {k: max(s - overhead, _MIN_STEP_SHARE * s) for k, s in tables[kind].items()}
   return CostTable(tables["t"], tables["d"])
 
