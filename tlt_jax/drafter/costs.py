@@ -227,7 +227,7 @@ def cost_table_for(target, drafter, spec: SpecConfig | None, buckets, cache_len:
   rule = spec.rule if spec is not None else "coupled"
   dshape = None if drafter is None else (repr(drafter.cfg), drafter.target_cfg.to_dict())
   key = content_digest([machine_id(), target.cfg.to_dict(), dshape, sorted(target_cells),
-                        sorted(draft_cells), cache_len, prefix, rule, "sampled", "in-call"])
+                        sorted(draft_cells), cache_len, prefix, rule, "sampled", "in-dispatch"])
   path = as_path(cache_dir) / "costs" / f"{key}.json"
   if path.exists():
     return CostTable.from_json(path.read_text()), True
