@@ -12,14 +12,18 @@ The `teacher_forced` variant trains TLT's recipe (depth 1 only, labels at T = 1)
 instead of its final hidden state) in our own layout; `eagle3` the same features in the EAGLE-3
 layout of `speculators` (`drafter.model.architecture="eagle3"`, which vLLM serves exactly:
 docs/SPECULATION.md), trained on the next token alone, as EAGLE-3 is (its `g` feeds the next step
-before the output norm, so no feature regression); `response` the shipped recipe with its loss on the drafted
-positions alone (not the prompts'); `decay` the shipped recipe with its learning rate decayed by a
-cosine to a tenth over its 400 steps. All train on the shipped drafter's rollouts (cached):
+before the output norm, so no feature regression); `eagle` the shipped recipe in vLLM's EAGLE-1
+layout (`architecture="eagle"`: no `fc` bias, no input or output norm; the draft vocabulary
+stays ours, which that layout cannot hold); `response` the shipped recipe with its loss on the
+drafted positions alone (not the prompts'); `decay` the shipped recipe with its learning rate
+decayed by a cosine to a tenth over its 400 steps. All train on the shipped drafter's rollouts (cached):
   python -m experiments.drafter_warmup \
       --config=experiments/configs/drafter_smollm2.py:teacher_forced
   python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py:fused \
       --depth=3
   python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py:eagle3 \
+      --depth=3
+  python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py:eagle \
       --depth=3
   python -m experiments.drafter_warmup --config=experiments/configs/drafter_smollm2.py:response \
       --depth=3 --config.drafter.eval_prompts=16
@@ -33,7 +37,7 @@ from experiments.configs import base
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  variants = ("", "teacher_forced", "fused", "eagle3", "response", "decay", "small",
+  variants = ("", "teacher_forced", "fused", "eagle3", "eagle", "response", "decay", "small",
               "small_teacher_forced")
   if variant not in variants:
     raise ValueError(f"Unknown variant {variant!r}; use one of {variants}.")
@@ -46,6 +50,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant == "eagle3":
     c.drafter.model.architecture = "eagle3"
     c.drafter.model.smooth_l1_weight, c.drafter.model.ce_weight = 0.0, 1.0
+  if variant == "eagle":
+    c.drafter.model.architecture = "eagle"
   if variant == "response":
     c.drafter.warmup.prompt_loss = False
   if variant == "decay":
