@@ -57,10 +57,11 @@ def main(argv):
     print(f"{b:4d} {step:11.3f} {ms:26.3f} {ms / floor_ms:9.2f} {step - ms:21.3f}"
           f" {separate[b]:28.3f} {separate[b] / ms:18.3f}")
   drafter_tables = {}
-  for vocab in c.drafter_vocabs:
-    drafter = cost_drafter(model, vocab)
+  for arch, vocab in ((a, v) for a in c.drafter_architectures for v in c.drafter_vocabs):
+    drafter = cost_drafter(model, vocab, arch)
     rows = drafter_cost_table(model, drafter, c.batches, c.drafter_tokens, c.cache_len, c.iters)
-    name = f"vocab_{len(drafter.cfg.vocab_ids) or model.cfg.vocab_size}"
+    name = (f"vocab_{len(drafter.cfg.vocab_ids) or model.cfg.vocab_size}"
+            + ("" if arch == "tlt" else f"_{arch}"))
     drafter_tables[name] = rows
     print(f"drafter draft step, {name} ({param_bytes(drafter) / 1e6:.1f} MB of its own weights):")
     print("   B    T        ms   target c(B,1) in the same rounds   share")
@@ -78,7 +79,8 @@ def main(argv):
   # What a chain must accept to reach the target speedup, with the cheapest drafter measured
   # above (a chain's draft step feeds one input per row; its share of c(B, 1) from the rounds
   # that alternated it with the target's step) and with a model-free proposer.
-  draft_share = {r["B"]: r["share"] for r in rows if r["T"] == 1} if c.drafter_vocabs else {}
+  cheapest = min(drafter_tables.values(), key=lambda t: sum(r["share"] for r in t), default=[])
+  draft_share = {r["B"]: r["share"] for r in cheapest if r["T"] == 1}
   bound = speculation_bound(table, draft_share, c.target_speedup)
   print(f"speculation needs, for {c.target_speedup}x over plain decoding (accepted tokens per "
         "step, bonus included; at most depth + 1):")
@@ -94,11 +96,15 @@ def main(argv):
                     "drafter": drafter_tables, "suffix": suffix, "speculation_bound": bound}))
 
 
-def cost_drafter(model, vocab: int):
-  """A drafter of the model's shape (its cost does not depend on its weights); `vocab` > 0
-  restricts its head to that many tokens."""
+def cost_drafter(model, vocab: int, architecture: str = "tlt"):
+  """A drafter of the model's shape in `architecture`'s layout (its cost does not depend on its
+  weights; "eagle3" fuses three target layers); `vocab` > 0 restricts its head to that many
+  tokens."""
   ids = tuple(range(min(vocab, model.cfg.vocab_size))) if vocab else ()
-  return init_drafter(model.cfg, DrafterConfig(draft_vocab=vocab, vocab_ids=ids))
+  n = model.cfg.n_layers
+  layers = (1, n // 2, n - 1) if architecture == "eagle3" else ()
+  return init_drafter(model.cfg, DrafterConfig(draft_vocab=vocab, vocab_ids=ids,
+                                               architecture=architecture, feature_layers=layers))
 
 
 if __name__ == "__main__":

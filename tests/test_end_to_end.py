@@ -63,7 +63,8 @@ def test_bench_cost_small():
   # :small has T = 1, 2: depth 1 at both batches, with the drafter's draft step.
   assert [(r["B"], r["depth"]) for r in out["speculation_bound"]] == [(1, 1), (2, 1)]
   assert all(r["ceiling_drafter"] < r["ceiling_free"] for r in out["speculation_bound"])
-  # Draft steps timed beside the target's step: the share is their ratio.
+  # Draft steps of each layout, timed beside the target's step: the share is their ratio.
+  assert sorted(out["drafter"]) == ["vocab_32", "vocab_32_eagle3"]
   for r in [r for rows in out["drafter"].values() for r in rows]:
     assert r["share"] > 0 and r["share"] == pytest.approx(r["ms"] / r["target_ms"], rel=0.02)
   # So is the suffix proposer's work, over its corpus, prompt and response.
