@@ -380,6 +380,29 @@ def test_unrolled_loss_adds_deeper_depths_and_one_step_is_teacher_forcing():
   assert np.isfinite(float(loss3)) and float(loss3) != pytest.approx(float(loss1))
 
 
+def test_the_labels_are_the_target_s_own_distribution_whatever_the_drafter_s_layout():
+  """The soft labels are the target's head over the draft vocabulary on its own final hidden
+  states: the output norm an "eagle3" drafter's head reads (here far from the identity) never
+  touches them, so its loss and its total variation are against the target itself."""
+  target = peaked_model()
+  toks = jax.random.randint(jax.random.key(3), (2, 12), 0, V_MODEL)
+  mask = jnp.ones((2, 12), bool)
+  layers = (0, target.cfg.n_layers - 1)
+  for arch, fused in (("tlt", ()), ("eagle", ()), ("eagle3", layers)):
+    cfg = DrafterConfig(ce_weight=1.0, architecture=arch, feature_layers=fused, draft_vocab=8,
+                        vocab_ids=tuple(range(0, 16, 2)))
+    d = init_drafter(target.cfg, cfg, seed=4)
+    if d.norm is not None:
+      d.norm.scale[...] = jnp.linspace(0.5, 3.0, target.cfg.d_model)
+    feats, hidden = teacher_batch(target, np.asarray(toks), cfg)
+    _, m = drafter_loss(d, target, toks, feats, hidden, mask)
+    p = jax.nn.softmax(target.head(hidden[:, 1:])[..., 0:16:2], -1)
+    g, _ = d(target.embed_tokens(toks[:, 1:]), d.project(feats[:, :-1]))
+    q = jax.nn.softmax(d.logits(target, g), -1)
+    np.testing.assert_allclose(m["total_variation"],
+                               jnp.mean(0.5 * jnp.sum(jnp.abs(p - q), -1)), rtol=1e-5, err_msg=arch)
+
+
 def test_labels_at_the_rollout_temperature_total_variation_and_acceptance_weighting():
   """The soft labels and the drafter's distribution are both taken at `label_temperature`; the
   `total_variation` metric is one minus the rejection rule's acceptance of a depth-1 draft,

@@ -56,7 +56,7 @@ def drafter_loss(drafter: Drafter, target, tokens_BxL, feats_BxLxF, hidden_BxLxD
   hidden_BxLxD = jax.lax.stop_gradient(hidden_BxLxD)
   # With a restricted draft vocabulary both distributions are over it (the target's renormalised).
   target_logp_BxLxR = jax.lax.stop_gradient(jax.nn.log_softmax(
-      drafter.logits(target, hidden_BxLxD) / cfg.label_temperature, axis=-1))
+      drafter.target_logits(target, hidden_BxLxD) / cfg.label_temperature, axis=-1))
   mask_BxL = mask_BxL.astype(jnp.float32)
   reach_BxT = jnp.ones_like(mask_BxL[:, :-1])  # P(depths before j accepted), accept_weighting
   total, weights, metrics = 0.0, 0.0, {}

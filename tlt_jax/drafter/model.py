@@ -172,10 +172,15 @@ class Drafter(nnx.Module):
   def logits(self, target, g_BxTxD) -> jax.Array:
     """Draft logits `[B, T, R]` over the draft vocabulary (R = V unless restricted), through the
     target's own head ("eagle3": after the output norm, which its `g` has not had)."""
-    rows_R = jnp.asarray(self.cfg.vocab_ids, jnp.int32) if self.restricted else None
     if self.cfg.architecture == "eagle3":
       g_BxTxD = self.norm(g_BxTxD)
-    return target.head(g_BxTxD, rows_R)
+    return self.target_logits(target, g_BxTxD)
+
+  def target_logits(self, target, hidden_BxTxD) -> jax.Array:
+    """The target's head over the draft vocabulary on final hidden states `[B, T, D]` (the
+    target's own, for its labels; none of the drafter's norms)."""
+    rows_R = jnp.asarray(self.cfg.vocab_ids, jnp.int32) if self.restricted else None
+    return target.head(hidden_BxTxD, rows_R)
 
   def token_ids(self, idx):
     """Draft-vocabulary indices to the target's token ids."""

@@ -246,12 +246,15 @@ def _later(fields: dict, later: dict) -> dict:
 
 def warmup_key(target, prompts, params: SamplingParams, dcfg: DrafterConfig,
                tcfg: DrafterTrainConfig, wcfg: WarmupConfig) -> str:
-  """The drafter's cache key: the target's weights, the warm-up settings and its prompts."""
-  return content_digest([PARAM_LAYOUT, target_fingerprint(target),
-                         _later(dataclasses.asdict(dcfg), _LATER_FIELDS),
-                         _later(dataclasses.asdict(tcfg), _LATER_TRAIN_FIELDS),
-                         _later(dataclasses.asdict(wcfg), _LATER_WARMUP_FIELDS), repr(params),
-                         [list(map(int, p)) for p in prompts]])
+  """The drafter's cache key: the target's weights, the warm-up settings and its prompts (and,
+  for an "eagle3" drafter, that its labels are the target's own: ones cached before drew them
+  through the drafter's output norm)."""
+  fields = [PARAM_LAYOUT, target_fingerprint(target),
+            _later(dataclasses.asdict(dcfg), _LATER_FIELDS),
+            _later(dataclasses.asdict(tcfg), _LATER_TRAIN_FIELDS),
+            _later(dataclasses.asdict(wcfg), _LATER_WARMUP_FIELDS), repr(params),
+            [list(map(int, p)) for p in prompts]]
+  return content_digest(fields + (["target labels"] if dcfg.architecture == "eagle3" else []))
 
 
 def warmup_data(target, prompts, params: SamplingParams, wcfg: WarmupConfig, pad_id: int,
