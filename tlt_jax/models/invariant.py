@@ -131,7 +131,7 @@ def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, visible_BxTxS) -> jax.Array:
     return total[..., :h] / jnp.maximum(total[..., h:], 1.0)
 
   if mt <= FEW_TILES:  # a decode step or a verify: each tile all the way in one loop step
-    # (a decode step's one tile too: between barriers it ran 1.3x as long at 1 row)
+    # (a decode step's one tile too: between barriers it ran slower)
     out_IxBxKxQxH = row_map(lambda q, vis: normalised(values_of(weights_of(scores_of(q), vis))),
                             q_IxBxKxQxH, vis_IxBxJxQxC, tile=1, loop=True)
   else:  # the same steps, each over every tile
