@@ -15,7 +15,13 @@ from tlt_jax.models import init_model, invariant
 from tlt_jax.models import kv_cache as kvc
 
 ROWS, LENGTH = 8, 24
-_cached_call = nnx.jit(lambda model, tokens, cache: model(tokens, cache))
+_CACHED_CALLS = {}
+
+
+def _cached_call(model, tokens, cache):
+  """A call on a cache, compiled once for each `invariant.LIVE_BYTES` (which its trace reads)."""
+  call = _CACHED_CALLS.setdefault(invariant.LIVE_BYTES, nnx.jit(lambda m, x, c: m(x, c)))
+  return call(model, tokens, cache)
 
 
 def _model(dtype: str, numerics: str):
@@ -52,28 +58,36 @@ CALLS = [(list(range(ROWS)), [8] + [1] * 16, 96), ([3], [8] + [1] * 16, 96),
 
 
 @pytest.mark.parametrize("head_dim", [8, 64])
-def test_attention_gives_a_query_row_the_same_numbers_in_every_call(head_dim):
+def test_attention_gives_a_query_row_the_same_numbers_in_every_call(head_dim, monkeypatch):
   """The attention alone, float32: a query's output is bitwise the same among all 48 queries of a
   full forward, in a decode step or a chain verify of 4 (alone or beside another row) and over
-  a longer cache whose extra slots it does not see."""
+  a longer cache whose extra slots it does not see, and reading only the key blocks that hold
+  the slots it sees (`live_slots`, as a call on a cache does)."""
   rng = np.random.default_rng(0)
   b, kh, g, s = 2, 3, 3, 128
   q = jnp.asarray(rng.standard_normal((b, 48, kh * g, head_dim)), jnp.float32)
   k, v = (jnp.asarray(rng.standard_normal((b, kh, 192, head_dim)), jnp.float32) for _ in "kv")
   visible = jnp.asarray(np.tril(np.ones((48, 192), bool), k=40)[None].repeat(b, 0))
+  monkeypatch.setattr(invariant, "LIVE_BYTES", 0)  # every call given `live_slots` loops
   call = jax.jit(invariant.attention)
   full = np.asarray(call(q, k[:, :, :s], v[:, :, :s], visible[..., :s]))
   for rows, start, t, slots in [((0, 1), 40, 1, s), ((1,), 44, 1, s), ((0, 1), 40, 4, s),
                                 ((0,), 43, 4, 192)]:
     r = np.asarray(rows)
-    got = call(q[r, start:start + t], k[r, :, :slots], v[r, :, :slots],
-               visible[r, start:start + t, :slots])
-    np.testing.assert_array_equal(np.asarray(got), full[r, start:start + t],
-                                  err_msg=f"{rows} {start} {t} {slots}")
+    for live in (None, start + t + 40):  # query i sees slots up to i + 40
+      got = call(q[r, start:start + t], k[r, :, :slots], v[r, :, :slots],
+                 visible[r, start:start + t, :slots], live)
+      np.testing.assert_array_equal(np.asarray(got), full[r, start:start + t],
+                                    err_msg=f"{rows} {start} {t} {slots} {live}")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_position_is_computed_alike_by_every_call(dtype):
+@pytest.mark.parametrize("dtype,live_bytes", [("float32", None), ("bfloat16", None),
+                                              ("float32", 0), ("bfloat16", 0)])
+def test_a_position_is_computed_alike_by_every_call(dtype, live_bytes, monkeypatch):
+  """Each of `CALLS` against the full forward; with `live_bytes` 0 every call on a cache reads
+  its live key blocks alone (as SmolLM2's from 8 rows over 512 slots)."""
+  if live_bytes is not None:
+    monkeypatch.setattr(invariant, "LIVE_BYTES", live_bytes)
   model = _model(dtype, "invariant")
   tokens = _tokens(model.cfg)
   full = jit_forward(model, jnp.asarray(tokens))
@@ -104,11 +118,14 @@ def _tree_mask_and_depth(parents):
   return jnp.asarray(mask), jnp.asarray(depth)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_tree_verify_computes_each_node_as_the_chain_it_ends(dtype):
+@pytest.mark.parametrize("dtype,live_bytes", [("float32", None), ("bfloat16", None),
+                                              ("bfloat16", 0)])
+def test_a_tree_verify_computes_each_node_as_the_chain_it_ends(dtype, live_bytes, monkeypatch):
   """A tree verify writes its nodes at their index among the tree's nodes, not at their depth;
   in invariant numerics each node still comes out bitwise as the full forward computes the
-  position it ends, on the path and off it."""
+  position it ends, on the path and off it (with `live_bytes` 0, reading live blocks alone)."""
+  if live_bytes is not None:
+    monkeypatch.setattr(invariant, "LIVE_BYTES", live_bytes)
   model = _model(dtype, "invariant")
   rng = np.random.default_rng(1)
   tokens = rng.integers(0, model.cfg.vocab_size, (ROWS, 66))

@@ -17,7 +17,9 @@ split-K by shape. So here no reduction's shape depends on the call:
   otherwise than one of many, with heads of 64). The softmax's maximum is exact in any order;
   its sum is a product of the weights with ones, batched as the values' is; the blocks' partial
   sums are added one after another in slot order, so the blocks a query does not see (past its
-  position, or past a shorter call's last slot) add exact zeros.
+  position, or past a shorter call's last slot) add exact zeros. A step on a large cache
+  (`LIVE_BYTES`) reads only the blocks before its longest row's end, one a loop step: the same
+  sums, less the zeros, at the cost of the prefix rather than of the cache.
 The cache of a model in this mode is laid out for it (`kv_cache.init_cache`: keys and values
 `[B, K, S, H]`, slots in whole key blocks), so a step reads its blocks where they lie, with no
 copy of the cache.
@@ -41,6 +43,7 @@ KEY_BLOCK = INVARIANT_BLOCK  # key slots of each attention block (a cache's slot
 Q_TILE = 4      # query rows (of one kv head) of each attention product
 FEW_TILES = 4   # query tiles up to which attention runs tile by tile (decode steps, verifies)
 EXP_TILE = 512  # blocks of scores per step of the softmax's exponentials
+LIVE_BYTES = 8 << 20  # a layer's keys and values past which a call on a cache reads live blocks
 _NEG = -1e30    # a score no query sees (finite: the masked terms' gradients stay finite)
 
 
@@ -71,10 +74,15 @@ def row_map(fn, *arrays_R, tile: int = ROW_TILE, loop: bool = False):
   return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:])[:r], out)
 
 
-def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, visible_BxTxS) -> jax.Array:
+def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, visible_BxTxS, live_slots=None) -> jax.Array:
   """Grouped-query softmax attention of T queries over S key slots as `visible_BxTxS` allows,
   in an order fixed per output element (the module docstring); the result `[B, T, N, H]` in the
-  values' dtype."""
+  values' dtype. With `live_slots` (a traced count: no query sees a slot at or past it; a call on
+  a cache, never differentiated), a call of few query tiles whose keys and values exceed
+  `LIVE_BYTES` reads only the key blocks that hold those slots, one block a loop step, as many
+  steps as they fill: a block past them would add exact zeros, so the result is the same, and
+  the step costs the prefix it attends to, not the cache's length (below `LIVE_BYTES` the loop's
+  steps cost more than the blocks they skip)."""
   b, t, n, h = q_BxTxNxH.shape
   kh, s = k_BxKxSxH.shape[1], k_BxKxSxH.shape[2]
   g = n // kh
@@ -95,45 +103,85 @@ def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, visible_BxTxS) -> jax.Array:
   vis_IxBxJxQxC = jnp.pad(vis_BxMxS, [(0, 0), (0, mt * Q_TILE - m), (0, pad)]).reshape(
       b, mt, Q_TILE, nb, KEY_BLOCK).transpose(1, 0, 3, 2, 4)
 
-  # Each step below runs on tiles `[I, ...]` (I query tiles); its products, in loops of one
-  # shape, one tile a step.
-  def scores_of(q_1xBxKxQxH):
-    q_BxKxJxQxH = jnp.broadcast_to(q_1xBxKxQxH[0][:, :, None], (b, kh, nb, Q_TILE, h))
-    return jax.lax.dot_general(q_BxKxJxQxH, keys_BxKxJxCxH,
-                               (((4,), (4,)), ((0, 1, 2), (0, 1, 2))),
-                               preferred_element_type=jnp.float32)[None]
+  # The products and exponentials of both forms below, batched over all leading axes: every
+  # element runs alike whatever the batch.
+  def scores(q_xQxH, keys_xCxH):
+    batch = tuple(range(q_xQxH.ndim - 2))
+    return jax.lax.dot_general(q_xQxH, keys_xCxH, (((q_xQxH.ndim - 1,), (q_xQxH.ndim - 1,)),
+                                                   (batch, batch)),
+                               preferred_element_type=jnp.float32)
 
-  def weights_of(scores, vis_IxBxJxQxC):
-    seen = jnp.broadcast_to(vis_IxBxJxQxC[:, :, None], scores.shape)
-    scores = jnp.where(seen, scores / jnp.sqrt(jnp.float32(h)), _NEG)
-    top = jnp.broadcast_to(jnp.max(scores, axis=(3, 5), keepdims=True), scores.shape)  # exact
+  def masked(scores_xQxC, seen_xQxC):
+    return jnp.where(seen_xQxC, scores_xQxC / jnp.sqrt(jnp.float32(h)), _NEG)
+
+  def exps(scores_xQxC, top_xQx1, seen_xQxC):
     # XLA:CPU computes exp otherwise in a vectorised loop and in its scalar remainder, where an
     # element falls by the array's shape: every exponential in one loop body of one shape.
+    top_xQxC = jnp.broadcast_to(top_xQx1, scores_xQxC.shape)
     return row_map(lambda x, top_, seen_: jnp.where(seen_, jnp.exp(x - top_), 0.0),
-                   *(x.reshape(-1, KEY_BLOCK) for x in (scores, top, seen)),
-                   tile=EXP_TILE, loop=True).reshape(scores.shape)
+                   *(x.reshape(-1, KEY_BLOCK) for x in (scores_xQxC, top_xQxC, seen_xQxC)),
+                   tile=EXP_TILE, loop=True).reshape(scores_xQxC.shape)
+
+  def weighted(p_xQxC, values_xCxH):
+    """The weighted values and, beside them, the weights' sum (a product with ones)."""
+    batch = tuple(range(p_xQxC.ndim - 2))
+    dims = (((p_xQxC.ndim - 1,), (p_xQxC.ndim - 2,)), (batch, batch))
+    ones = jnp.ones(values_xCxH.shape[:-1] + (1,), jnp.float32)
+    return jnp.concatenate([jax.lax.dot_general(p_xQxC, x, dims, preferred_element_type=jnp.float32)
+                            for x in (values_xCxH, ones)], axis=-1)
+
+  def divided(total_xQxH1):
+    # A row's sum is at least 1 (its largest term is exp(0)); the padding rows' 0 divides by 1.
+    return total_xQxH1[..., :h] / jnp.maximum(total_xQxH1[..., h:], 1.0)
+
+  # Every block at once: each step on tiles `[I, ...]` (I query tiles), its products in loops of
+  # one shape, one tile a step.
+  def scores_of(q_1xBxKxQxH):
+    q_BxKxJxQxH = jnp.broadcast_to(q_1xBxKxQxH[0][:, :, None], (b, kh, nb, Q_TILE, h))
+    return scores(q_BxKxJxQxH, keys_BxKxJxCxH)[None]
+
+  def weights_of(scores_IxBxKxJxQxC, vis_IxBxJxQxC):
+    seen = jnp.broadcast_to(vis_IxBxJxQxC[:, :, None], scores_IxBxKxJxQxC.shape)
+    x = masked(scores_IxBxKxJxQxC, seen)
+    return exps(x, jnp.max(x, axis=(3, 5), keepdims=True), seen)  # the maximum: exact
 
   def values_of(p_1xBxKxJxQxC):
-    """Each block's weighted values and, beside them, its weights' sum (a product with ones)."""
-    p = p_1xBxKxJxQxC[0]
-    num = jax.lax.dot_general(p, values_BxKxJxCxH, (((4,), (3,)), ((0, 1, 2), (0, 1, 2))),
-                              preferred_element_type=jnp.float32)
-    ones = jnp.ones((b, kh, nb, KEY_BLOCK, 1), jnp.float32)
-    den = jax.lax.dot_general(p, ones, (((4,), (3,)), ((0, 1, 2), (0, 1, 2))),
-                              preferred_element_type=jnp.float32)
-    return jnp.concatenate([num, den], axis=-1)[None]
+    return weighted(p_1xBxKxJxQxC[0], values_BxKxJxCxH)[None]
 
   def normalised(part_IxBxKxJxQxH1):
     total = part_IxBxKxJxQxH1[:, :, :, 0]
     for j in range(1, nb):  # in slot order
       total = total + part_IxBxKxJxQxH1[:, :, :, j]
-    # A row's sum is at least 1 (its largest term is exp(0)); the padding rows' 0 divides by 1.
-    return total[..., :h] / jnp.maximum(total[..., h:], 1.0)
+    return divided(total)
+
+  def live_tile(q_1xBxKxQxH, vis_1xBxJxQxC):
+    """One query tile over the live blocks, one block a loop step: their maximum, then their
+    weighted values and sums added in slot order (as `normalised` adds them)."""
+    live = jnp.clip(-(-live_slots // KEY_BLOCK), 1, nb)
+
+    def block_scores(j):
+      block = lambda x, axis: jax.lax.dynamic_index_in_dim(x, j, axis, keepdims=False)
+      x = scores(q_1xBxKxQxH[0], block(keys_BxKxJxCxH, 2))
+      seen = jnp.broadcast_to(block(vis_1xBxJxQxC[0], 1)[:, None], x.shape)
+      return masked(x, seen), seen, block(values_BxKxJxCxH, 2)
+
+    top = jax.lax.fori_loop(0, live, lambda j, top: jnp.maximum(
+        top, block_scores(j)[0].max(-1, keepdims=True)),
+                            jnp.full((b, kh, Q_TILE, 1), _NEG, jnp.float32))
+
+    def add(j, total):
+      x, seen, values_BxKxCxH = block_scores(j)
+      return total + weighted(exps(x, top, seen), values_BxKxCxH)
+
+    return divided(jax.lax.fori_loop(0, live, add, jnp.zeros((b, kh, Q_TILE, h + 1),
+                                                            jnp.float32)))[None]
 
   if mt <= FEW_TILES:  # a decode step or a verify: each tile all the way in one loop step
     # (a decode step's one tile too: between barriers it ran slower)
-    out_IxBxKxQxH = row_map(lambda q, vis: normalised(values_of(weights_of(scores_of(q), vis))),
-                            q_IxBxKxQxH, vis_IxBxJxQxC, tile=1, loop=True)
+    read = b * kh * s * h * (k_BxKxSxH.dtype.itemsize + v_BxKxSxH.dtype.itemsize)
+    tile = live_tile if live_slots is not None and read > LIVE_BYTES else (
+        lambda q, vis: normalised(values_of(weights_of(scores_of(q), vis))))
+    out_IxBxKxQxH = row_map(tile, q_IxBxKxQxH, vis_IxBxJxQxC, tile=1, loop=True)
   else:  # the same steps, each over every tile
     p = weights_of(row_map(scores_of, q_IxBxKxQxH, tile=1), vis_IxBxJxQxC)
     out_IxBxKxQxH = normalised(row_map(values_of, p, tile=1))
@@ -201,7 +249,8 @@ def block(block, x_BxTxD, positions_BxT, mask_BxTxT, cache: kvc.KVCache | None, 
       keys, values, visible = _as_chains(keys, values, cache.lengths_B,
                                          positions_BxT - cache.lengths_B[:, None], mask_BxTxT)
       q = q.reshape(b * t, 1, *q.shape[2:])
-  attended = attention(q, keys, values, visible).reshape(b, t, *q.shape[2:])
+  live = None if cache is None else jnp.max(cache.lengths_B) + t
+  attended = attention(q, keys, values, visible, live).reshape(b, t, *q.shape[2:])
 
   def rest(x_RxD, a_RxNxH):
     x_RxD = x_RxD + block.attn.out(a_RxNxH[None])[0]
