@@ -42,10 +42,11 @@ def main(argv):
   models = {mode: Precision(param_dtype="float32", compute_dtype=c.dtype,
                             numerics=mode).apply(policy) for mode in NUMERICS}
   steps = []
-  print(f"{c.model}, {c.dtype}: c(B, T) ms, fastest call of alternating rounds")
+  print(f"{c.model}, {c.dtype}: c(B, T) ms over {c.prefix} of {c.cache_len} slots, fastest call "
+        f"of alternating rounds")
   print("   B    T      fast   invariant   invariant / fast")
   for b in c.batches:
-    times = alternating_times({(m, t): step_runner(models[m], b, t, c.cache_len)
+    times = alternating_times({(m, t): step_runner(models[m], b, t, c.cache_len, prefix=c.prefix)
                                for m in NUMERICS for t in c.tokens}, c.rounds, c.iters)
     for t in c.tokens:
       fast, inv = (1e3 * float(np.min(times[(m, t)])) for m in NUMERICS)
@@ -57,7 +58,8 @@ def main(argv):
   fast, inv = (float(np.min(times[m])) for m in NUMERICS)
   print(f"update forward and backward, {c.update_rows} x {c.update_len} tokens: fast {fast:.3f} s, "
         f"invariant {inv:.3f} s ({inv / fast:.2f}x)")
-  print(json.dumps({"model": c.model, "dtype": c.dtype, "steps": steps,
+  print(json.dumps({"model": c.model, "dtype": c.dtype, "prefix": c.prefix,
+                    "cache_len": c.cache_len, "steps": steps,
                     "update_fast_s": round(fast, 4), "update_invariant_s": round(inv, 4),
                     "update_ratio": round(inv / fast, 3)}))
 

@@ -19,10 +19,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.batches = (1, 2, 4, 8, 16, 32, 64)
   c.tokens = (1, 4)               # a decode step, and a chain verify of 3 drafts
   c.cache_len = 320
+  c.prefix = 64                   # committed tokens a step attends to (invariant: their blocks)
   c.rounds, c.iters = 3, 10
   c.update_rows, c.update_len = 16, 128  # the update's forward and backward over R x L tokens
   if variant == "smollm2":
-    c.batches, c.cache_len, c.iters = (1, 4, 16, 32), 512, 5
+    c.batches, c.cache_len, c.iters = (1, 4, 8, 16, 32), 512, 5
   elif variant == "small":
     c.batches, c.cache_len, c.rounds, c.iters = (1, 2), 64, 1, 2
     c.update_rows, c.update_len = 2, 16
