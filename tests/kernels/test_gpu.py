@@ -3,6 +3,8 @@ the XLA path, and speculative decoding and replay through it are lossless there.
 `make test` deselects them, `make test-gpu` runs them (`JAX_PLATFORMS=cuda`), and where jax sees
 no GPU they skip with the reason, so selecting them on CPU passes."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,3 +93,35 @@ def test_replay_through_the_triton_kernel_gives_the_tokens_of_decoding_afresh(te
   np.testing.assert_array_equal(replayed.tokens, fresh.tokens)
   np.testing.assert_array_equal(replayed.tokens, generate("xla", 0).tokens)
   assert replayed.timeline.summary()["replay_fraction"] > 0.2
+
+
+def test_invariant_numerics_through_the_kernel_compute_a_position_alike_in_every_call():
+  """On the GPU a model in invariant numerics attends through the invariant kernel (not the
+  `jnp` path, whose batched products cuBLAS runs by the batch's shape): every call of
+  tests/models/test_invariant.py gives the full forward's logits and hidden states bit for bit,
+  bf16, and so does the kernel alone."""
+  from tests.kernels import test_invariant_pallas
+  from tests.models import test_invariant
+  from tlt_jax.models import invariant
+
+  assert invariant.KERNEL is None  # by backend: the kernel, compiled by Triton
+  with pytest.MonkeyPatch.context() as mp:
+    test_invariant.test_a_position_is_computed_alike_by_every_call("bfloat16", None, mp)
+    mp.setattr(test_invariant_pallas.invariant_pallas, "_call",
+               functools.partial(_compiled, test_invariant_pallas.invariant_pallas._call))
+    test_invariant_pallas.test_a_query_row_s_output_is_the_same_in_every_call()
+
+
+def _compiled(call, *args, interpret):
+  del interpret
+  return call(*args, interpret=False)
+
+
+@pytest.mark.parametrize("temperature,arms", [(0.0, "chain"), (1.0, "chain"), (1.0, "tree")])
+def test_bf16_speculative_decoding_in_invariant_numerics_equals_plain_decoding(temperature,
+                                                                               arms):
+  """tests/drafter/test_drafter.py's equality, every row and every log-prob, on the GPU."""
+  from tests.drafter import test_drafter
+
+  test_drafter.test_bf16_speculative_decoding_in_invariant_numerics_equals_plain_decoding(
+      temperature, test_drafter.EAGLE[:1] if arms == "chain" else test_drafter.TREE[:1])

@@ -19,8 +19,10 @@ _CACHED_CALLS = {}
 
 
 def _cached_call(model, tokens, cache):
-  """A call on a cache, compiled once for each `invariant.LIVE_BYTES` (which its trace reads)."""
-  call = _CACHED_CALLS.setdefault(invariant.LIVE_BYTES, nnx.jit(lambda m, x, c: m(x, c)))
+  """A call on a cache, compiled once for each `invariant.LIVE_BYTES` and `KERNEL` (which its
+  trace reads)."""
+  call = _CACHED_CALLS.setdefault((invariant.LIVE_BYTES, invariant.KERNEL),
+                                  nnx.jit(lambda m, x, c: m(x, c)))
   return call(model, tokens, cache)
 
 

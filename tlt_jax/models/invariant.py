@@ -35,6 +35,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from tlt_jax.kernels import invariant_pallas
 from tlt_jax.kernels.attention import INVARIANT_BLOCK
 from tlt_jax.models import kv_cache as kvc
 
@@ -43,6 +44,9 @@ KEY_BLOCK = INVARIANT_BLOCK  # key slots of each attention block (a cache's slot
 Q_TILE = 4      # query rows (of one kv head) of each attention product
 FEW_TILES = 4   # query tiles up to which attention runs tile by tile (decode steps, verifies)
 EXP_TILE = 512  # blocks of scores per step of the softmax's exponentials
+# The attention's implementation: None picks by backend ("pallas" on a GPU, else "jnp");
+# "interpret" runs the Pallas kernel interpreted (tests on CPU).
+KERNEL: str | None = None
 LIVE_BYTES = 8 << 20  # a layer's keys and values past which a call on a cache reads live blocks
 _NEG = -1e30    # a score no query sees (finite: the masked terms' gradients stay finite)
 
@@ -76,31 +80,47 @@ def row_map(fn, *arrays_R, tile: int = ROW_TILE, loop: bool = False):
 
 def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, visible_BxTxS, live_slots=None) -> jax.Array:
   """Grouped-query softmax attention of T queries over S key slots as `visible_BxTxS` allows,
-  in an order fixed per output element (the module docstring); the result `[B, T, N, H]` in the
-  values' dtype. With `live_slots` (a traced count: no query sees a slot at or past it; a call on
-  a cache, never differentiated), a call of few query tiles whose keys and values exceed
-  `LIVE_BYTES` reads only the key blocks that hold those slots, one block a loop step, as many
-  steps as they fill: a block past them would add exact zeros, so the result is the same, and
-  the step costs the prefix it attends to, not the cache's length (below `LIVE_BYTES` the loop's
-  steps cost more than the blocks they skip)."""
+  in an order fixed per output element (the module docstring; on a GPU the Pallas kernel's,
+  `kernels/invariant_pallas.py`, as `KERNEL` says); the result `[B, T, N, H]` in the values'
+  dtype. `live_slots`: `jnp_attention`'s."""
   b, t, n, h = q_BxTxNxH.shape
   kh, s = k_BxKxSxH.shape[1], k_BxKxSxH.shape[2]
   g = n // kh
+  # Query rows of kv head k: its G heads, each over the T tokens.
+  q_BxKxMxH = q_BxTxNxH.reshape(b, t, kh, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, h)
+  vis_BxMxS = jnp.broadcast_to(visible_BxTxS[:, None], (b, g, t, s)).reshape(b, g * t, s)
+  kernel = KERNEL or ("pallas" if jax.default_backend() == "gpu" else "jnp")
+  if kernel == "jnp":
+    out_BxKxMxH = jnp_attention(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, vis_BxMxS, live_slots)
+  else:
+    out_BxKxMxH = invariant_pallas.attention(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, vis_BxMxS,
+                                             jnp_attention, interpret=kernel == "interpret")
+  out = out_BxKxMxH.reshape(b, kh, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+  return out.astype(v_BxKxSxH.dtype)
+
+
+def jnp_attention(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, visible_BxMxS, live_slots=None) -> jax.Array:
+  """Each kv head's M query rows over S key slots as `visible_BxMxS` allows, float32 `[B, K, M,
+  H]`, in `jnp` in the order the module docstring fixes. With `live_slots` (a traced count: no
+  query sees a slot at or past it; a call on a cache, never differentiated), a call of few query
+  tiles whose keys and values exceed `LIVE_BYTES` reads only the key blocks that hold those
+  slots, one block a loop step, as many steps as they fill: a block past them would add exact
+  zeros, so the result is the same, and the step costs the prefix it attends to, not the cache's
+  length (below `LIVE_BYTES` the loop's steps cost more than the blocks they skip)."""
+  b, kh, m, h = q_BxKxMxH.shape
+  s = k_BxKxSxH.shape[2]
   nb = -(-s // KEY_BLOCK)
   pad = nb * KEY_BLOCK - s
   blocks = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, pad), (0, 0)]).reshape(
       b, kh, nb, KEY_BLOCK, x.shape[-1])
   keys_BxKxJxCxH = blocks(k_BxKxSxH)
   values_BxKxJxCxH = blocks(v_BxKxSxH.astype(jnp.float32))
-  # Query rows of kv head k: its G heads, each over the T tokens, in tiles of Q_TILE rows (zero
-  # rows pad the last), so that every product has Q_TILE query rows whatever the call.
-  m = g * t
+  # The query rows in tiles of Q_TILE rows (zero rows pad the last), so that every product has
+  # Q_TILE query rows whatever the call.
   mt = -(-m // Q_TILE)
-  q_BxKxMxH = q_BxTxNxH.reshape(b, t, kh, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kh, m, h)
   q_IxBxKxQxH = jnp.pad(q_BxKxMxH, [(0, 0), (0, 0), (0, mt * Q_TILE - m), (0, 0)]).reshape(
       b, kh, mt, Q_TILE, h).transpose(2, 0, 1, 3, 4)
-  vis_BxMxS = jnp.broadcast_to(visible_BxTxS[:, None], (b, g, t, s)).reshape(b, m, s)
-  vis_IxBxJxQxC = jnp.pad(vis_BxMxS, [(0, 0), (0, mt * Q_TILE - m), (0, pad)]).reshape(
+  vis_IxBxJxQxC = jnp.pad(visible_BxMxS, [(0, 0), (0, mt * Q_TILE - m), (0, pad)]).reshape(
       b, mt, Q_TILE, nb, KEY_BLOCK).transpose(1, 0, 3, 2, 4)
 
   # The products and exponentials of both forms below, batched over all leading axes: every
@@ -185,9 +205,7 @@ def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, visible_BxTxS, live_slots=None) -
   else:  # the same steps, each over every tile
     p = weights_of(row_map(scores_of, q_IxBxKxQxH, tile=1), vis_IxBxJxQxC)
     out_IxBxKxQxH = normalised(row_map(values_of, p, tile=1))
-  out_BxKxMxH = out_IxBxKxQxH.transpose(1, 2, 0, 3, 4).reshape(b, kh, mt * Q_TILE, h)[:, :, :m]
-  out = out_BxKxMxH.reshape(b, kh, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
-  return out.astype(v_BxKxSxH.dtype)
+  return out_IxBxKxQxH.transpose(1, 2, 0, 3, 4).reshape(b, kh, mt * Q_TILE, h)[:, :, :m]
 
 
 def _as_chains(keys_BxKxSxH, values_BxKxSxH, lengths_B, depth_BxT, mask_BxTxT):

@@ -1,0 +1,92 @@
+"""The invariant attention's Pallas kernel (interpreted on CPU): it computes the `jnp` path's
+function, a query row's output is bitwise the same in every call, whole models through it are
+invariant, its gradient is the `jnp` path's, and it lowers for the GPU's Triton backend."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.models import test_invariant
+from tlt_jax.kernels import invariant_pallas
+from tlt_jax.models import invariant
+
+
+def _case(dtype, b=2, kh=2, m=12, s=192, h=64, seed=0):
+  """Query rows, keys and values, and a causal-like visibility: query row i sees slots up to
+  i + 100 (its kv head's rows are G heads x T tokens: any pattern holds)."""
+  rng = np.random.default_rng(seed)
+  x = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)
+  visible = jnp.asarray(np.tril(np.ones((m, s), bool), k=100)[None].repeat(b, 0))
+  return x(b, kh, m, h), x(b, kh, s, h), x(b, kh, s, h), visible
+
+
+@pytest.mark.parametrize("dtype,atol", [(jnp.float32, 2e-6), (jnp.bfloat16, 2e-6)])
+def test_the_kernel_computes_the_jnp_path_s_function(dtype, atol):
+  """The same attention up to float32 rounding (the two sum in other orders); a wrong mask,
+  block or softmax would move outputs by O(0.1)."""
+  q, k, v, visible = _case(dtype)
+  got = invariant_pallas._call(q, k, v, visible, interpret=True)
+  want = jax.jit(invariant.jnp_attention)(q, k, v, visible)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=atol, rtol=0)
+  # A row that sees nothing (padding) comes out zero.
+  blind = invariant_pallas._call(q, k, v, jnp.zeros_like(visible), interpret=True)
+  np.testing.assert_array_equal(np.asarray(blind), 0.0)
+
+
+def test_a_query_row_s_output_is_the_same_in_every_call():
+  """Bitwise: a row alone or beside another, 1 or 4 of its query rows (a decode step, a verify),
+  over a longer cache whose extra slots it does not see, and whatever the slots past what it
+  sees hold."""
+  q, k, v, visible = _case(jnp.float32, s=256)
+  call = lambda q, k, v, vis: np.asarray(invariant_pallas._call(q, k, v, vis, interpret=True))
+  full = call(q, k[:, :, :192], v[:, :, :192], visible[..., :192])
+  for rows, start, n, slots in [((0, 1), 3, 1, 192), ((1,), 7, 1, 192), ((0, 1), 4, 4, 192),
+                                ((0,), 8, 4, 256)]:
+    r = np.asarray(rows)
+    got = call(q[r, :, start:start + n], k[r, :, :slots], v[r, :, :slots],
+               visible[r, start:start + n, :slots])
+    np.testing.assert_array_equal(got, full[r, :, start:start + n],
+                                  err_msg=f"{rows} {start} {n} {slots}")
+  garbage = k.at[:, :, 120:].set(1e3)  # rows 0-11 see slots up to 111 at most
+  np.testing.assert_array_equal(call(q, garbage[:, :, :192], v[:, :, :192],
+                                     visible[..., :192]), full)
+
+
+@pytest.fixture
+def through_the_kernel(monkeypatch):
+  """Models attend through the interpreted kernel; traces made under the `jnp` path before, or
+  under the kernel here, are dropped (a trace reads `invariant.KERNEL` once)."""
+  jax.clear_caches()
+  monkeypatch.setattr(invariant, "KERNEL", "interpret")
+  yield
+  monkeypatch.undo()
+  jax.clear_caches()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_model_through_the_kernel_computes_a_position_alike_in_every_call(
+    dtype, through_the_kernel, monkeypatch):
+  test_invariant.test_a_position_is_computed_alike_by_every_call(dtype, None, monkeypatch)
+
+
+def test_the_kernel_s_gradient_is_the_jnp_path_s():
+  """Bitwise, under a loss linear in the output (so the two forwards' rounding does not enter
+  the cotangent)."""
+  q, k, v, visible = _case(jnp.float32)
+  w = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), jnp.float32)
+  loss = lambda fn: lambda q, k, v: jnp.sum(w * fn(q, k, v))
+  via_kernel = jax.grad(loss(lambda q, k, v: invariant_pallas.attention(
+      q, k, v, visible, invariant.jnp_attention, interpret=True)), argnums=(0, 1, 2))(q, k, v)
+  via_jnp = jax.grad(loss(lambda q, k, v: invariant.jnp_attention(q, k, v, visible)),
+                     argnums=(0, 1, 2))(q, k, v)
+  for got, want in zip(via_kernel, via_jnp):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_kernel_lowers_for_the_gpu_triton_backend(dtype):
+  args = _case(dtype, s=128)
+  text = jax.jit(lambda *a: invariant_pallas._call(*a, interpret=False)).trace(*args).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "xla.gpu.triton" in text and "mosaic" not in text
