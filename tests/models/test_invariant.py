@@ -19,10 +19,10 @@ _CACHED_CALLS = {}
 
 
 def _cached_call(model, tokens, cache):
-  """A call on a cache, compiled once for each `invariant.LIVE_BYTES` and `KERNEL` (which its
-  trace reads)."""
-  call = _CACHED_CALLS.setdefault((invariant.LIVE_BYTES, invariant.KERNEL),
-                                  nnx.jit(lambda m, x, c: m(x, c)))
+  """A call on a cache, compiled once for each `invariant.LIVE_BYTES`, `LIVE_SHARE` and `KERNEL`
+  (which its trace reads)."""
+  setting = (invariant.LIVE_BYTES, invariant.LIVE_SHARE, invariant.KERNEL)
+  call = _CACHED_CALLS.setdefault(setting, nnx.jit(lambda m, x, c: m(x, c)))
   return call(model, tokens, cache)
 
 
@@ -71,6 +71,7 @@ def test_attention_gives_a_query_row_the_same_numbers_in_every_call(head_dim, mo
   k, v = (jnp.asarray(rng.standard_normal((b, kh, 192, head_dim)), jnp.float32) for _ in "kv")
   visible = jnp.asarray(np.tril(np.ones((48, 192), bool), k=40)[None].repeat(b, 0))
   monkeypatch.setattr(invariant, "LIVE_BYTES", 0)  # every call given `live_slots` loops
+  monkeypatch.setattr(invariant, "LIVE_SHARE", 1.0)
   call = jax.jit(invariant.attention)
   full = np.asarray(call(q, k[:, :, :s], v[:, :, :s], visible[..., :s]))
   for rows, start, t, slots in [((0, 1), 40, 1, s), ((1,), 44, 1, s), ((0, 1), 40, 4, s),
@@ -88,8 +89,9 @@ def test_attention_gives_a_query_row_the_same_numbers_in_every_call(head_dim, mo
 def test_a_position_is_computed_alike_by_every_call(dtype, live_bytes, monkeypatch):
   """Each of `CALLS` against the full forward; with `live_bytes` 0 every call on a cache reads
   its live key blocks alone (as SmolLM2's from 8 rows over 512 slots)."""
-  if live_bytes is not None:
+  if live_bytes is not None:  # and at any share of the cache
     monkeypatch.setattr(invariant, "LIVE_BYTES", live_bytes)
+    monkeypatch.setattr(invariant, "LIVE_SHARE", 1.0)
   model = _model(dtype, "invariant")
   tokens = _tokens(model.cfg)
   full = jit_forward(model, jnp.asarray(tokens))
@@ -126,8 +128,9 @@ def test_a_tree_verify_computes_each_node_as_the_chain_it_ends(dtype, live_bytes
   """A tree verify writes its nodes at their index among the tree's nodes, not at their depth;
   in invariant numerics each node still comes out bitwise as the full forward computes the
   position it ends, on the path and off it (with `live_bytes` 0, reading live blocks alone)."""
-  if live_bytes is not None:
+  if live_bytes is not None:  # and at any share of the cache
     monkeypatch.setattr(invariant, "LIVE_BYTES", live_bytes)
+    monkeypatch.setattr(invariant, "LIVE_SHARE", 1.0)
   model = _model(dtype, "invariant")
   rng = np.random.default_rng(1)
   tokens = rng.integers(0, model.cfg.vocab_size, (ROWS, 66))

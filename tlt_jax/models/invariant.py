@@ -18,8 +18,9 @@ split-K by shape. So here no reduction's shape depends on the call:
   its sum is a product of the weights with ones, batched as the values' is; the blocks' partial
   sums are added one after another in slot order, so the blocks a query does not see (past its
   position, or past a shorter call's last slot) add exact zeros. A step on a large cache
-  (`LIVE_BYTES`) reads only the blocks before its longest row's end, one a loop step: the same
-  sums, less the zeros, at the cost of the prefix rather than of the cache.
+  (`LIVE_BYTES`) whose rows fill at most half of it reads only the blocks before its longest
+  row's end, one a loop step: the same sums, less the zeros, at the cost of the prefix rather
+  than of the cache.
 The cache of a model in this mode is laid out for it (`kv_cache.init_cache`: keys and values
 `[B, K, S, H]`, slots in whole key blocks), so a step reads its blocks where they lie, with no
 copy of the cache.
@@ -48,6 +49,7 @@ EXP_TILE = 512  # blocks of scores per step of the softmax's exponentials
 # "interpret" runs the Pallas kernel interpreted (tests on CPU).
 KERNEL: str | None = None
 LIVE_BYTES = 8 << 20  # a layer's keys and values past which a call on a cache reads live blocks
+LIVE_SHARE = 0.5      # ... while they are at most this share of its blocks (one a loop step)
 _NEG = -1e30    # a score no query sees (finite: the masked terms' gradients stay finite)
 
 
@@ -104,9 +106,10 @@ def jnp_attention(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, visible_BxMxS, live_slots=Non
   H]`, in `jnp` in the order the module docstring fixes. With `live_slots` (a traced count: no
   query sees a slot at or past it; a call on a cache, never differentiated), a call of few query
   tiles whose keys and values exceed `LIVE_BYTES` reads only the key blocks that hold those
-  slots, one block a loop step, as many steps as they fill: a block past them would add exact
-  zeros, so the result is the same, and the step costs the prefix it attends to, not the cache's
-  length (below `LIVE_BYTES` the loop's steps cost more than the blocks they skip)."""
+  slots while they are at most `LIVE_SHARE` of its blocks, one block a loop step, as many steps
+  as they fill: a block past them would add exact zeros, so the result is the same, and the step
+  costs the prefix it attends to, not the cache's length (below `LIVE_BYTES`, or past
+  `LIVE_SHARE`, the loop's steps cost more than the blocks they skip)."""
   b, kh, m, h = q_BxKxMxH.shape
   s = k_BxKxSxH.shape[2]
   nb = -(-s // KEY_BLOCK)
@@ -199,8 +202,11 @@ def jnp_attention(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, visible_BxMxS, live_slots=Non
   if mt <= FEW_TILES:  # a decode step or a verify: each tile all the way in one loop step
     # (a decode step's one tile too: between barriers it ran slower)
     read = b * kh * s * h * (k_BxKxSxH.dtype.itemsize + v_BxKxSxH.dtype.itemsize)
-    tile = live_tile if live_slots is not None and read > LIVE_BYTES else (
-        lambda q, vis: normalised(values_of(weights_of(scores_of(q), vis))))
+    every = lambda q, vis: normalised(values_of(weights_of(scores_of(q), vis)))
+    tile = every
+    if live_slots is not None and read > LIVE_BYTES:  # the same sums either way
+      tile = lambda q, vis: jax.lax.cond(-(-live_slots // KEY_BLOCK) <= LIVE_SHARE * nb,
+                                         live_tile, every, q, vis)
     out_IxBxKxQxH = row_map(tile, q_IxBxKxQxH, vis_IxBxJxQxC, tile=1, loop=True)
   else:  # the same steps, each over every tile
     p = weights_of(row_map(scores_of, q_IxBxKxQxH, tile=1), vis_IxBxJxQxC)
