@@ -6,7 +6,7 @@ the tracked tree, and `manifest.json` (`{"files": [{"name", "sha256", "size", "p
 back together and checks its digest. docs/GPU.md says how a window carries it.
 
   make gpu-bundle
-  python -m experiments.gpu_bundle [--part_mib=32] [--out=.cache/gpu_bundle]
+  python -m experiments.gpu_bundle [--part_mib=20] [--out=.cache/gpu_bundle]
 
 Standard library only where it runs on the box (`join`): it runs before the dependencies are
 there.
@@ -24,7 +24,9 @@ from experiments import wheels
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUNDLE_DIR = os.path.join(ROOT, ".cache", "gpu_bundle")
 MANIFEST = "manifest.json"
-PART_MIB = 32
+# A device call carries at most CALL_MIB: the tracked tree (about 42 MiB, the shipped SmolLM2
+# drafters 32 of it) and one part.
+CALL_MIB, PART_MIB = 64, 20
 # Distributions the device's CUDA image already holds (its package list, read 2026-11-17): the
 # bundle carries the wheels of the project's pure-Python closure less these.
 BOX_IMAGE = frozenset("""

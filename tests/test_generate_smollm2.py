@@ -12,13 +12,15 @@ from tlt_jax.workloads import drafter_key, drafter_recipe, workload_config
 def test_smollm2_served_by_its_shipped_drafter_knows_the_capital_of_france_as_plainly():
   """Greedy decoding on the real weights served by the drafter shipped as `smollm2`, by name,
   beside plain decoding (`--compare_plain`): exactly the same tokens, with the speeds of both.
-  That drafter is the one `drafter_smollm2.py` makes (its key: SmolLM2's weights, the recipe, the
-  prompts), so the benchmarks load it instead of training one."""
+  That drafter is the one `drafter_smollm2.py` makes, and `smollm2_eagle` its `:eagle` variant's
+  (their keys: SmolLM2's weights, the recipe, the prompts), so the benchmarks load them instead of
+  training."""
   sd = last_json(run_module("experiments.generate", "--model=smollm2", "--chat",
                             "--max_new_tokens=16", "--prompt=What is the capital of France?",
                             "--temperature=0", "--json", "--drafter=smollm2", "--compare_plain"))
   assert "Paris" in sd["text"] and sd["same_as_plain"] is True and sd["accept_len"] > 1.0
   assert sd["tokens_per_s"] > 0 and sd["plain_tokens_per_s"] > 0 and sd["speedup"] > 0
-  c = drafter_smollm2.get_config()
-  recipe = drafter_recipe(c.drafter, ("adaptive", "eval_prompts"))
-  assert shipped_drafters()["smollm2"]["key"] == drafter_key(workload_config(c), recipe, c.seed)
+  for name, variant in (("smollm2", ""), ("smollm2_eagle", "eagle")):
+    c = drafter_smollm2.get_config(variant)
+    recipe = drafter_recipe(c.drafter, ("adaptive", "eval_prompts"))
+    assert shipped_drafters()[name]["key"] == drafter_key(workload_config(c), recipe, c.seed)

@@ -4,6 +4,7 @@ drafter whatever the run's sampling settings."""
 
 import json
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ def test_the_bundle_s_parts_joined_in_the_manifest_s_order_give_the_gguf(tmp_pat
   (entry,) = manifest["files"]
   assert entry["sha256"] == gpu_bundle.sha256(gguf) and entry["size"] == os.path.getsize(gguf)
   sizes = [os.path.getsize(tmp_path / p) for p in entry["parts"]]
-  assert len(sizes) == 3 and max(sizes) <= gpu_bundle.PART_MIB << 20 and sum(sizes) == entry["size"]
+  assert len(sizes) == 5 and max(sizes) <= gpu_bundle.PART_MIB << 20 and sum(sizes) == entry["size"]
   assert json.loads((tmp_path / gpu_bundle.MANIFEST).read_text()) == manifest
   (joined,) = gpu_bundle.join(str(tmp_path)).values()
   assert gpu_bundle.sha256(joined) == entry["sha256"]
@@ -37,6 +38,13 @@ def test_the_bundle_s_parts_joined_in_the_manifest_s_order_give_the_gguf(tmp_pat
   os.remove(tmp_path / entry["parts"][1])
   with pytest.raises(SystemExit, match=r"lacks SmolLM2-135M-Instruct.Q4_1.gguf.part1 "):
     gpu_bundle.join(str(tmp_path))
+
+
+def test_a_part_travels_beside_the_tracked_tree_in_one_call():
+  tracked = subprocess.run(["git", "-C", gpu_bundle.ROOT, "ls-files", "-z"], check=True,
+                           capture_output=True).stdout.decode().split("\0")
+  tree = sum(os.path.getsize(os.path.join(gpu_bundle.ROOT, f)) for f in tracked if f)
+  assert tree + (gpu_bundle.PART_MIB << 20) <= gpu_bundle.CALL_MIB << 20, tree / 2**20
 
 
 def test_a_part_cut_short_in_transit_is_one_line(tmp_path):

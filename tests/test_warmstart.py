@@ -62,7 +62,8 @@ def test_the_demo_s_warm_up_drafter_is_shipped():
   wc, recipe = workload_config(c), drafter_recipe(c.drafter, ("adaptive", "eval_prompts"))
   key = drafter_key(wc, recipe, c.seed)
   shipped = warmup.shipped_drafters()
-  assert sorted(os.listdir(warmup.SHIPPED_ROOT)) == sorted(shipped) == ["demo", "smollm2"]
+  assert sorted(os.listdir(warmup.SHIPPED_ROOT)) == sorted(shipped) == [
+      "demo", "smollm2", "smollm2_eagle"]
   assert shipped["demo"]["key"] == key and "demo.py:drafter" in shipped["demo"]["command"]
   drafter, meta = build_drafter(wc, recipe, c.seed, progress=False)
   assert meta["shipped"] and meta["key"] == key and meta["top1_agreement"] > 0.5
