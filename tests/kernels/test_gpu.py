@@ -107,8 +107,8 @@ def test_invariant_numerics_through_the_kernel_compute_a_position_alike_in_every
   assert invariant.KERNEL is None  # by backend: the kernel, compiled by Triton
   with pytest.MonkeyPatch.context() as mp:
     test_invariant.test_a_position_is_computed_alike_by_every_call("bfloat16", None, mp)
-    mp.setattr(test_invariant_pallas.invariant_pallas, "_call",
-               functools.partial(_compiled, test_invariant_pallas.invariant_pallas._call))
+    mp.setattr(test_invariant_pallas.invariant_pallas, "call_kernel",
+               functools.partial(_compiled, test_invariant_pallas.invariant_pallas.call_kernel))
     test_invariant_pallas.test_a_query_row_s_output_is_the_same_in_every_call()
 
 

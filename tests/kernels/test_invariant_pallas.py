@@ -26,11 +26,11 @@ def test_the_kernel_computes_the_jnp_path_s_function(dtype, atol):
   """The same attention up to float32 rounding (the two sum in other orders); a wrong mask,
   block or softmax would move outputs by O(0.1)."""
   q, k, v, visible = _case(dtype)
-  got = invariant_pallas._call(q, k, v, visible, interpret=True)
+  got = invariant_pallas.call_kernel(q, k, v, visible, interpret=True)
   want = jax.jit(invariant.jnp_attention)(q, k, v, visible)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=atol, rtol=0)
   # A row that sees nothing (padding) comes out zero.
-  blind = invariant_pallas._call(q, k, v, jnp.zeros_like(visible), interpret=True)
+  blind = invariant_pallas.call_kernel(q, k, v, jnp.zeros_like(visible), interpret=True)
   np.testing.assert_array_equal(np.asarray(blind), 0.0)
 
 
@@ -39,7 +39,7 @@ def test_a_query_row_s_output_is_the_same_in_every_call():
   over a longer cache whose extra slots it does not see, and whatever the slots past what it
   sees hold."""
   q, k, v, visible = _case(jnp.float32, s=256)
-  call = lambda q, k, v, vis: np.asarray(invariant_pallas._call(q, k, v, vis, interpret=True))
+  call = lambda q, k, v, vis: np.asarray(invariant_pallas.call_kernel(q, k, v, vis, interpret=True))
   full = call(q, k[:, :, :192], v[:, :, :192], visible[..., :192])
   for rows, start, n, slots in [((0, 1), 3, 1, 192), ((1,), 7, 1, 192), ((0, 1), 4, 4, 192),
                                 ((0,), 8, 4, 256)]:
@@ -87,6 +87,6 @@ def test_the_kernel_s_gradient_is_the_jnp_path_s():
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_the_kernel_lowers_for_the_gpu_triton_backend(dtype):
   args = _case(dtype, s=192)  # 3 blocks: not a power of two
-  text = jax.jit(lambda *a: invariant_pallas._call(*a, interpret=False)).trace(*args).lower(
+  text = jax.jit(lambda *a: invariant_pallas.call_kernel(*a, interpret=False)).trace(*args).lower(
       lowering_platforms=("cuda",)).as_text()
   assert "xla.gpu.triton" in text and "mosaic" not in text

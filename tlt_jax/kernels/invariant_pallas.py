@@ -63,7 +63,8 @@ def _kernel(q_ref, k_ref, v_ref, vis_ref, ext_ref, o_ref, *, scale: float):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret",))
-def _call(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, visible_BxMxS, *, interpret: bool):
+def call_kernel(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, visible_BxMxS, *, interpret: bool):
+  """The kernel alone (no gradient): float32 `[B, K, M, H]`, as `attention`."""
   b, kh, m, h = q_BxKxMxH.shape
   tiles, slots = pl.cdiv(m, BLOCK_R), k_BxKxSxH.shape[2]
   s = pl.cdiv(slots, BLOCK) * BLOCK  # a cache holds whole blocks; a full forward's keys may not
@@ -98,7 +99,7 @@ def attention(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, visible_BxMxS, reference, *,
 
   @jax.custom_vjp
   def fn(q, k, v):
-    return _call(q, k, v, visible_BxMxS, interpret=interpret)
+    return call_kernel(q, k, v, visible_BxMxS, interpret=interpret)
 
   def forward(q, k, v):
     return fn(q, k, v), (q, k, v)
