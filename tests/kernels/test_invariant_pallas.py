@@ -13,12 +13,13 @@ from tlt_jax.models import invariant
 
 
 def _case(dtype, b=2, kh=2, m=12, s=192, h=64, seed=0):
-  """Query rows, keys and values, and a causal-like visibility: query row i sees slots up to
-  i + 100 (its kv head's rows are G heads x T tokens: any pattern holds)."""
+  """Query rows, keys `[B, K, H, S]` and values `[B, K, S, H]`, and a causal-like visibility:
+  query row i sees slots up to i + 100 (its kv head's rows are G heads x T tokens: any pattern
+  holds)."""
   rng = np.random.default_rng(seed)
   x = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)
   visible = jnp.asarray(np.tril(np.ones((m, s), bool), k=100)[None].repeat(b, 0))
-  return x(b, kh, m, h), x(b, kh, s, h), x(b, kh, s, h), visible
+  return x(b, kh, m, h), x(b, kh, h, s), x(b, kh, s, h), visible
 
 
 @pytest.mark.parametrize("dtype,atol", [(jnp.float32, 2e-6), (jnp.bfloat16, 2e-6)])
@@ -40,16 +41,16 @@ def test_a_query_row_s_output_is_the_same_in_every_call():
   sees hold."""
   q, k, v, visible = _case(jnp.float32, s=256)
   call = lambda q, k, v, vis: np.asarray(invariant_pallas.call_kernel(q, k, v, vis, interpret=True))
-  full = call(q, k[:, :, :192], v[:, :, :192], visible[..., :192])
+  full = call(q, k[..., :192], v[:, :, :192], visible[..., :192])
   for rows, start, n, slots in [((0, 1), 3, 1, 192), ((1,), 7, 1, 192), ((0, 1), 4, 4, 192),
                                 ((0,), 8, 4, 256)]:
     r = np.asarray(rows)
-    got = call(q[r, :, start:start + n], k[r, :, :slots], v[r, :, :slots],
+    got = call(q[r, :, start:start + n], k[r, ..., :slots], v[r, :, :slots],
                visible[r, start:start + n, :slots])
     np.testing.assert_array_equal(got, full[r, :, start:start + n],
                                   err_msg=f"{rows} {start} {n} {slots}")
-  garbage = k.at[:, :, 120:].set(1e3)  # rows 0-11 see slots up to 111 at most
-  np.testing.assert_array_equal(call(q, garbage[:, :, :192], v[:, :, :192],
+  garbage = k.at[..., 120:].set(1e3)  # rows 0-11 see slots up to 111 at most
+  np.testing.assert_array_equal(call(q, garbage[..., :192], v[:, :, :192],
                                      visible[..., :192]), full)
 
 

@@ -19,9 +19,9 @@ _CACHED_CALLS = {}
 
 
 def _cached_call(model, tokens, cache):
-  """A call on a cache, compiled once for each `invariant.LIVE_BYTES`, `LIVE_SHARE` and `KERNEL`
-  (which its trace reads)."""
-  setting = (invariant.LIVE_BYTES, invariant.LIVE_SHARE, invariant.KERNEL)
+  """A call on a cache, compiled once for each `invariant.LIVE_BYTES` and `KERNEL` (which its
+  trace reads)."""
+  setting = (invariant.LIVE_BYTES, invariant.KERNEL)
   call = _CACHED_CALLS.setdefault(setting, nnx.jit(lambda m, x, c: m(x, c)))
   return call(model, tokens, cache)
 
@@ -68,17 +68,17 @@ def test_attention_gives_a_query_row_the_same_numbers_in_every_call(head_dim, mo
   rng = np.random.default_rng(0)
   b, kh, g, s = 2, 3, 3, 128
   q = jnp.asarray(rng.standard_normal((b, 48, kh * g, head_dim)), jnp.float32)
-  k, v = (jnp.asarray(rng.standard_normal((b, kh, 192, head_dim)), jnp.float32) for _ in "kv")
+  k = jnp.asarray(rng.standard_normal((b, kh, head_dim, 192)), jnp.float32)  # [B, K, H, S]
+  v = jnp.asarray(rng.standard_normal((b, kh, 192, head_dim)), jnp.float32)  # [B, K, S, H]
   visible = jnp.asarray(np.tril(np.ones((48, 192), bool), k=40)[None].repeat(b, 0))
-  monkeypatch.setattr(invariant, "LIVE_BYTES", 0)  # every call given `live_slots` loops
-  monkeypatch.setattr(invariant, "LIVE_SHARE", 1.0)
+  monkeypatch.setattr(invariant, "LIVE_BYTES", 0)  # every call given `live_slots` switches
   call = jax.jit(invariant.attention)
-  full = np.asarray(call(q, k[:, :, :s], v[:, :, :s], visible[..., :s]))
+  full = np.asarray(call(q, k[..., :s], v[:, :, :s], visible[..., :s]))
   for rows, start, t, slots in [((0, 1), 40, 1, s), ((1,), 44, 1, s), ((0, 1), 40, 4, s),
-                                ((0,), 43, 4, 192)]:
+                                ((0,), 43, 4, 192), ((0, 1), 10, 4, 192)]:
     r = np.asarray(rows)
-    for live in (None, start + t + 40):  # query i sees slots up to i + 40
-      got = call(q[r, start:start + t], k[r, :, :slots], v[r, :, :slots],
+    for live in (None, start + t + 40):  # query i sees slots up to i + 40: 1 or 2 blocks
+      got = call(q[r, start:start + t], k[r, ..., :slots], v[r, :, :slots],
                  visible[r, start:start + t, :slots], live)
       np.testing.assert_array_equal(np.asarray(got), full[r, start:start + t],
                                     err_msg=f"{rows} {start} {t} {slots} {live}")
@@ -89,9 +89,8 @@ def test_attention_gives_a_query_row_the_same_numbers_in_every_call(head_dim, mo
 def test_a_position_is_computed_alike_by_every_call(dtype, live_bytes, monkeypatch):
   """Each of `CALLS` against the full forward; with `live_bytes` 0 every call on a cache reads
   its live key blocks alone (as SmolLM2's from 8 rows over 512 slots)."""
-  if live_bytes is not None:  # and at any share of the cache
+  if live_bytes is not None:
     monkeypatch.setattr(invariant, "LIVE_BYTES", live_bytes)
-    monkeypatch.setattr(invariant, "LIVE_SHARE", 1.0)
   model = _model(dtype, "invariant")
   tokens = _tokens(model.cfg)
   full = jit_forward(model, jnp.asarray(tokens))
@@ -128,9 +127,8 @@ def test_a_tree_verify_computes_each_node_as_the_chain_it_ends(dtype, live_bytes
   """A tree verify writes its nodes at their index among the tree's nodes, not at their depth;
   in invariant numerics each node still comes out bitwise as the full forward computes the
   position it ends, on the path and off it (with `live_bytes` 0, reading live blocks alone)."""
-  if live_bytes is not None:  # and at any share of the cache
+  if live_bytes is not None:
     monkeypatch.setattr(invariant, "LIVE_BYTES", live_bytes)
-    monkeypatch.setattr(invariant, "LIVE_SHARE", 1.0)
   model = _model(dtype, "invariant")
   rng = np.random.default_rng(1)
   tokens = rng.integers(0, model.cfg.vocab_size, (ROWS, 66))
@@ -180,13 +178,15 @@ def test_invariant_numerics_are_the_same_model():
 
 @pytest.mark.parametrize("impl", ["xla", "pallas"])
 def test_an_invariant_model_s_cache_is_laid_out_for_its_attention_whatever_the_engine_asks(impl):
-  """Keys and values `[B, K, S, H]` in whole key blocks (its attention reads them in place); its
-  drafter's cache in the layout asked for; a cache of another layout is refused in one line."""
+  """Keys `[B, K, H, S]` and values `[B, K, S, H]` in whole key blocks (its attention reads them
+  in place); its drafter's cache in the layout asked for; a cache of another layout is refused in
+  one line."""
   cfg = _model("float32", "invariant").cfg
   cache = kvc.init_cache(cfg, 2, 70, impl=impl)
   slots = 2 * invariant.KEY_BLOCK
   assert cache.impl == "invariant" and cache.max_len == slots
-  assert cache.k[0].shape == cache.v[0].shape == (2, cfg.n_kv_heads, slots, cfg.hd)
+  assert cache.k[0].shape == (2, cfg.n_kv_heads, cfg.hd, slots)
+  assert cache.v[0].shape == (2, cfg.n_kv_heads, slots, cfg.hd)
   assert drafter_cache(cfg, 2, 70, impl).impl == impl
   model = _model("float32", "invariant")
   wrong = kvc.init_cache(model.cfg.replace(numerics="fast"), 2, 70, impl=impl)

@@ -32,8 +32,8 @@ from tlt_jax.kernels.prefix_pallas import MIN_TILE, NEG, prefix_attention
 IMPLS = ("xla", "pallas")
 # The slot axis of the cached keys `[B, K, ., .]` in each cache layout: the implementations', and
 # "invariant", the layout of a model in invariant numerics (`models.invariant`), which attends by
-# key blocks of `INVARIANT_BLOCK` slots of `[B, K, S, H]` keys and values.
-KEY_SLOT_AXIS = {"xla": 3, "pallas": 2, "invariant": 2}
+# key blocks of `INVARIANT_BLOCK` slots of `[B, K, H, S]` keys and `[B, K, S, H]` values.
+KEY_SLOT_AXIS = {"xla": 3, "pallas": 2, "invariant": 3}
 INVARIANT_BLOCK = 64
 
 
@@ -64,16 +64,16 @@ def cache_slots(slots: int, impl: str) -> int:
 
 
 def key_shape(batch: int, kv_heads: int, head_dim: int, slots: int, impl: str) -> tuple:
-  """The cached keys' shape in `impl`'s layout (xla: `[B, K, H, S]`, else `[B, K, S, H]`)."""
-  return ((batch, kv_heads, head_dim, slots) if impl == "xla"
-          else (batch, kv_heads, slots, head_dim))
+  """The cached keys' shape in `impl`'s layout (`[B, K, H, S]`, or `[B, K, S, H]` for pallas)."""
+  return ((batch, kv_heads, slots, head_dim) if impl == "pallas"
+          else (batch, kv_heads, head_dim, slots))
 
 
 def to_cache_layout(k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Array, impl: str = "xla"
                     ) -> tuple[jax.Array, jax.Array]:
   """Fresh keys and values from a projection in `impl`'s cache layout (T in the slot position;
   values `[B, K, T, H]`)."""
-  k = k_BxTxKxH.transpose(0, 2, 3, 1) if impl == "xla" else k_BxTxKxH.transpose(0, 2, 1, 3)
+  k = k_BxTxKxH.transpose(0, 2, 1, 3) if impl == "pallas" else k_BxTxKxH.transpose(0, 2, 3, 1)
   return k, v_BxTxKxH.transpose(0, 2, 1, 3)
 
 

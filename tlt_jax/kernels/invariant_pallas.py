@@ -13,8 +13,8 @@ depends on its own row, the keys and values it sees and their slots, never on th
 it, the number of rows, tokens or programs, or the cache's length. It is not bitwise the `jnp`
 path (the two sum in other orders); each is invariant on its own backend.
 
-Keys and values are the invariant layout's `[B, K, S, H]` (`kv_cache.init_cache`), slots in
-whole blocks. The backward pass is the `jnp` path's (the same function up to rounding): the
+Keys and values are the invariant layout's, `[B, K, H, S]` and `[B, K, S, H]`
+(`kv_cache.init_cache`), slots in whole blocks. The backward pass is the `jnp` path's (the same function up to rounding): the
 update's gradient needs no fixed order, only its forward does, which is this kernel's.
 """
 
@@ -40,11 +40,10 @@ def _kernel(q_ref, k_ref, v_ref, vis_ref, ext_ref, o_ref, *, scale: float):
 
   def block(j, carry):
     o_RxH, m_R, l_R = carry
-    k_CxH = k_ref[pl.ds(j * BLOCK, BLOCK), :]
+    k_HxC = k_ref[:, pl.ds(j * BLOCK, BLOCK)]
     v_CxH = v_ref[pl.ds(j * BLOCK, BLOCK), :]
     seen_RxC = vis_ref[:, pl.ds(j * BLOCK, BLOCK)] != 0
-    s_RxC = jax.lax.dot_general(q_RxH, k_CxH, (((1,), (1,)), ((), ())),
-                                preferred_element_type=jnp.float32) * scale
+    s_RxC = jnp.dot(q_RxH, k_HxC, preferred_element_type=jnp.float32) * scale
     s_RxC = jnp.where(seen_RxC, s_RxC, _NEG)
     m_new_R = jnp.maximum(m_R, s_RxC.max(axis=-1))
     keep_R = jnp.exp(m_R - m_new_R)
@@ -63,13 +62,14 @@ def _kernel(q_ref, k_ref, v_ref, vis_ref, ext_ref, o_ref, *, scale: float):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret",))
-def call_kernel(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, visible_BxMxS, *, interpret: bool):
+def call_kernel(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, *, interpret: bool):
   """The kernel alone (no gradient): float32 `[B, K, M, H]`, as `attention`."""
   b, kh, m, h = q_BxKxMxH.shape
-  tiles, slots = pl.cdiv(m, BLOCK_R), k_BxKxSxH.shape[2]
+  tiles, slots = pl.cdiv(m, BLOCK_R), k_BxKxHxS.shape[3]
   s = pl.cdiv(slots, BLOCK) * BLOCK  # a cache holds whole blocks; a full forward's keys may not
   q = jnp.pad(q_BxKxMxH, ((0, 0), (0, 0), (0, tiles * BLOCK_R - m), (0, 0)))
-  k, v = (jnp.pad(x, ((0, 0), (0, 0), (0, s - slots), (0, 0))) for x in (k_BxKxSxH, v_BxKxSxH))
+  k = jnp.pad(k_BxKxHxS, ((0, 0), (0, 0), (0, 0), (0, s - slots)))
+  v = jnp.pad(v_BxKxSxH, ((0, 0), (0, 0), (0, s - slots), (0, 0)))
   vis = jnp.pad(visible_BxMxS, ((0, 0), (0, tiles * BLOCK_R - m), (0, s - slots)))
   # Each row's extent: one past the last slot any of its queries sees.
   extent_B = jnp.max(jnp.where(vis, jnp.arange(1, s + 1, dtype=jnp.int32), 0), axis=(1, 2))
@@ -79,7 +79,7 @@ def call_kernel(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, visible_BxMxS, *, interpret: bo
       grid=(b, kh, tiles),
       in_specs=[
           pl.BlockSpec((None, None, BLOCK_R, h), lambda i, j, r: (i, j, r, 0)),
-          pl.BlockSpec((None, None, s, h), lambda i, j, r: (i, j, 0, 0)),
+          pl.BlockSpec((None, None, h, s), lambda i, j, r: (i, j, 0, 0)),
           pl.BlockSpec((None, None, s, h), lambda i, j, r: (i, j, 0, 0)),
           pl.BlockSpec((None, BLOCK_R, s), lambda i, j, r: (i, r, 0)),
           pl.BlockSpec((None,), lambda i, j, r: (i,)),
@@ -91,7 +91,7 @@ def call_kernel(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, visible_BxMxS, *, interpret: bo
   return out[:, :, :m]
 
 
-def attention(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, visible_BxMxS, reference, *,
+def attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, reference, *,
               interpret: bool = False) -> jax.Array:
   """Softmax attention of each kv head's M query rows over S key slots as `visible_BxMxS`
   allows, float32 `[B, K, M, H]`; differentiated as `reference` (the same signature, less
@@ -108,4 +108,4 @@ def attention(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, visible_BxMxS, reference, *,
     return jax.vjp(lambda *x: reference(*x, visible_BxMxS), *res)[1](g)
 
   fn.defvjp(forward, backward)
-  return fn(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH)
+  return fn(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH)

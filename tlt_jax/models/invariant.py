@@ -21,9 +21,11 @@ split-K by shape. So here no reduction's shape depends on the call:
   (`LIVE_BYTES`) whose rows fill at most half of it reads only the blocks before its longest
   row's end, one a loop step: the same sums, less the zeros, at the cost of the prefix rather
   than of the cache.
-The cache of a model in this mode is laid out for it (`kv_cache.init_cache`: keys and values
-`[B, K, S, H]`, slots in whole key blocks), so a step reads its blocks where they lie, with no
-copy of the cache.
+The cache of a model in this mode is laid out for it (`kv_cache.init_cache`: keys `[B, K, H, S]`
+and values `[B, K, S, H]`, slots in whole key blocks), so a step reads its blocks where they lie,
+with no copy of the cache: a query tile's scores are one product with a row's keys (a score is a
+sum over the head's H alone, in the same order in a product of any number of slots), its
+weighted values one product per block.
 A key's slot is its position in a chain (decode, chain verify, prefill, the trainer's full
 forward over left-aligned sequences), so a query meets the same keys in the same blocks in every
 call. A tree verify writes a node at its index among the tree's nodes, so each of its nodes
@@ -33,6 +35,8 @@ across layouts is not invariant (a split contraction's partial sums add in anoth
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -41,6 +45,12 @@ from tlt_jax.kernels.attention import INVARIANT_BLOCK
 from tlt_jax.models import kv_cache as kvc
 
 ROW_TILE = 16   # rows of each row-wise loop step
+# Smaller tiles a call of fewer rows takes instead, by backend: XLA:CPU's product computes a row
+# alike in every product of 2 to 32 rows (its contraction's blocks follow the contraction's
+# length and the caches, not the rows; a single row takes a matrix-vector kernel), so there a
+# call pads to the smallest tile that holds it; elsewhere (cuBLAS picks its algorithm by shape)
+# every call pads to ROW_TILE.
+SMALL_TILES = {"cpu": (2, 4, 8)}
 KEY_BLOCK = INVARIANT_BLOCK  # key slots of each attention block (a cache's slots: whole blocks)
 Q_TILE = 4      # query rows (of one kv head) of each attention product
 FEW_TILES = 4   # query tiles up to which attention runs tile by tile (decode steps, verifies)
@@ -49,19 +59,27 @@ EXP_TILE = 512  # blocks of scores per step of the softmax's exponentials
 # "interpret" runs the Pallas kernel interpreted (tests on CPU).
 KERNEL: str | None = None
 LIVE_BYTES = 8 << 20  # a layer's keys and values past which a call on a cache reads live blocks
-LIVE_SHARE = 0.5      # ... while they are at most this share of its blocks (one a loop step)
 _NEG = -1e30    # a score no query sees (finite: the masked terms' gradients stay finite)
 
 
-def row_map(fn, *arrays_R, tile: int = ROW_TILE, loop: bool = False):
-  """`fn` over tiles of `tile` rows of arrays with R leading rows (zero rows pad the last tile;
-  they are cut off again); `fn` maps tiles `[tile, ...]` to a pytree of them. Several tiles run
-  in a loop (`lax.map`), one loop body of one shape; a single tile runs as that body between
-  optimisation barriers, which keep XLA from fusing its operations with what surrounds it, so a
-  call of up to `tile` rows costs one tile and no loop. With `loop`, a single tile runs in a loop
-  too, of two steps whose second skips its padding (`lax.cond`; a loop of one step is inlined):
-  XLA:CPU rounds an exponential inside a loop body otherwise than outside one."""
+def row_tile(rows: int) -> int:
+  """The row tile of a row-wise step over `rows` rows: `ROW_TILE`, or on a backend with
+  `SMALL_TILES` the smallest of them that holds the rows (a decode step of one row costs a
+  product of two rows, not of sixteen)."""
+  return next((t for t in SMALL_TILES.get(jax.default_backend(), ()) if rows <= t), ROW_TILE)
+
+
+def row_map(fn, *arrays_R, tile: int | None = None, loop: bool = False):
+  """`fn` over tiles of `tile` rows (default `row_tile(R)`) of arrays with R leading rows (zero
+  rows pad the last tile; they are cut off again); `fn` maps tiles `[tile, ...]` to a pytree of
+  them. Several tiles run in a loop (`lax.map`), one loop body of one shape; a single tile runs
+  as that body between optimisation barriers, which keep XLA from fusing its operations with
+  what surrounds it, so a call of up to `tile` rows costs one tile and no loop. With `loop`, a
+  single tile runs in a loop too, of two steps whose second skips its padding (`lax.cond`; a
+  loop of one step is inlined): XLA:CPU rounds an exponential inside a loop body otherwise than
+  outside one."""
   r = arrays_R[0].shape[0]
+  tile = row_tile(r) if tile is None else tile
   real = -(-r // tile)
   steps = max(real, 2) if loop else real
   pad = steps * tile - r
@@ -80,44 +98,43 @@ def row_map(fn, *arrays_R, tile: int = ROW_TILE, loop: bool = False):
   return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:])[:r], out)
 
 
-def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, visible_BxTxS, live_slots=None) -> jax.Array:
+def attention(q_BxTxNxH, k_BxKxHxS, v_BxKxSxH, visible_BxTxS, live_slots=None) -> jax.Array:
   """Grouped-query softmax attention of T queries over S key slots as `visible_BxTxS` allows,
   in an order fixed per output element (the module docstring; on a GPU the Pallas kernel's,
   `kernels/invariant_pallas.py`, as `KERNEL` says); the result `[B, T, N, H]` in the values'
   dtype. `live_slots`: `jnp_attention`'s."""
   b, t, n, h = q_BxTxNxH.shape
-  kh, s = k_BxKxSxH.shape[1], k_BxKxSxH.shape[2]
+  kh, s = k_BxKxHxS.shape[1], k_BxKxHxS.shape[3]
   g = n // kh
   # Query rows of kv head k: its G heads, each over the T tokens.
   q_BxKxMxH = q_BxTxNxH.reshape(b, t, kh, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, h)
   vis_BxMxS = jnp.broadcast_to(visible_BxTxS[:, None], (b, g, t, s)).reshape(b, g * t, s)
   kernel = KERNEL or ("pallas" if jax.default_backend() == "gpu" else "jnp")
   if kernel == "jnp":
-    out_BxKxMxH = jnp_attention(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, vis_BxMxS, live_slots)
+    out_BxKxMxH = jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, vis_BxMxS, live_slots)
   else:
-    out_BxKxMxH = invariant_pallas.attention(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, vis_BxMxS,
+    out_BxKxMxH = invariant_pallas.attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, vis_BxMxS,
                                              jnp_attention, interpret=kernel == "interpret")
   out = out_BxKxMxH.reshape(b, kh, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
   return out.astype(v_BxKxSxH.dtype)
 
 
-def jnp_attention(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, visible_BxMxS, live_slots=None) -> jax.Array:
+def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=None) -> jax.Array:
   """Each kv head's M query rows over S key slots as `visible_BxMxS` allows, float32 `[B, K, M,
   H]`, in `jnp` in the order the module docstring fixes. With `live_slots` (a traced count: no
   query sees a slot at or past it; a call on a cache, never differentiated), a call of few query
-  tiles whose keys and values exceed `LIVE_BYTES` reads only the key blocks that hold those
-  slots while they are at most `LIVE_SHARE` of its blocks, one block a loop step, as many steps
-  as they fill: a block past them would add exact zeros, so the result is the same, and the step
-  costs the prefix it attends to, not the cache's length (below `LIVE_BYTES`, or past
-  `LIVE_SHARE`, the loop's steps cost more than the blocks they skip)."""
+  tiles whose keys and values exceed `LIVE_BYTES` reads only the first blocks that hold those
+  slots, as many as the smallest power of two (or all) that covers them, one branch of a
+  `lax.switch` each: a block past them would add exact zeros, so the result is the same, and the
+  step costs at most twice the prefix it attends to, not the cache's length (below `LIVE_BYTES`
+  the branches cost compiles and no time)."""
   b, kh, m, h = q_BxKxMxH.shape
-  s = k_BxKxSxH.shape[2]
+  s = k_BxKxHxS.shape[3]
   nb = -(-s // KEY_BLOCK)
   pad = nb * KEY_BLOCK - s
-  blocks = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, pad), (0, 0)]).reshape(
-      b, kh, nb, KEY_BLOCK, x.shape[-1])
-  keys_BxKxJxCxH = blocks(k_BxKxSxH)
-  values_BxKxJxCxH = blocks(v_BxKxSxH.astype(jnp.float32))
+  keys_BxKxHxS = jnp.pad(k_BxKxHxS, [(0, 0), (0, 0), (0, 0), (0, pad)])
+  values_BxKxJxCxH = jnp.pad(v_BxKxSxH.astype(jnp.float32), [(0, 0), (0, 0), (0, pad), (0, 0)]
+                             ).reshape(b, kh, nb, KEY_BLOCK, h)
   # The query rows in tiles of Q_TILE rows (zero rows pad the last), so that every product has
   # Q_TILE query rows whatever the call.
   mt = -(-m // Q_TILE)
@@ -125,17 +142,6 @@ def jnp_attention(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, visible_BxMxS, live_slots=Non
       b, kh, mt, Q_TILE, h).transpose(2, 0, 1, 3, 4)
   vis_IxBxJxQxC = jnp.pad(visible_BxMxS, [(0, 0), (0, mt * Q_TILE - m), (0, pad)]).reshape(
       b, mt, Q_TILE, nb, KEY_BLOCK).transpose(1, 0, 3, 2, 4)
-
-  # The products and exponentials of both forms below, batched over all leading axes: every
-  # element runs alike whatever the batch.
-  def scores(q_xQxH, keys_xCxH):
-    batch = tuple(range(q_xQxH.ndim - 2))
-    return jax.lax.dot_general(q_xQxH, keys_xCxH, (((q_xQxH.ndim - 1,), (q_xQxH.ndim - 1,)),
-                                                   (batch, batch)),
-                               preferred_element_type=jnp.float32)
-
-  def masked(scores_xQxC, seen_xQxC):
-    return jnp.where(seen_xQxC, scores_xQxC / jnp.sqrt(jnp.float32(h)), _NEG)
 
   def exps(scores_xQxC, top_xQx1, seen_xQxC):
     # XLA:CPU computes exp otherwise in a vectorised loop and in its scalar remainder, where an
@@ -145,82 +151,64 @@ def jnp_attention(q_BxKxMxH, k_BxKxSxH, v_BxKxSxH, visible_BxMxS, live_slots=Non
                    *(x.reshape(-1, KEY_BLOCK) for x in (scores_xQxC, top_xQxC, seen_xQxC)),
                    tile=EXP_TILE, loop=True).reshape(scores_xQxC.shape)
 
-  def weighted(p_xQxC, values_xCxH):
-    """The weighted values and, beside them, the weights' sum (a product with ones)."""
-    batch = tuple(range(p_xQxC.ndim - 2))
-    dims = (((p_xQxC.ndim - 1,), (p_xQxC.ndim - 2,)), (batch, batch))
-    ones = jnp.ones(values_xCxH.shape[:-1] + (1,), jnp.float32)
-    return jnp.concatenate([jax.lax.dot_general(p_xQxC, x, dims, preferred_element_type=jnp.float32)
-                            for x in (values_xCxH, ones)], axis=-1)
-
-  def divided(total_xQxH1):
-    # A row's sum is at least 1 (its largest term is exp(0)); the padding rows' 0 divides by 1.
-    return total_xQxH1[..., :h] / jnp.maximum(total_xQxH1[..., h:], 1.0)
-
-  # Every block at once: each step on tiles `[I, ...]` (I query tiles), its products in loops of
-  # one shape, one tile a step.
-  def scores_of(q_1xBxKxQxH):
-    q_BxKxJxQxH = jnp.broadcast_to(q_1xBxKxQxH[0][:, :, None], (b, kh, nb, Q_TILE, h))
-    return scores(q_BxKxJxQxH, keys_BxKxJxCxH)[None]
+  # Each step on tiles `[I, ...]` (I query tiles) over the first `j` blocks, its products in
+  # loops of one shape, one tile a step, each batched over all leading axes (every element runs
+  # alike whatever the batch).
+  def scores_of(j, q_1xBxKxQxH):
+    s_BxKxQxS = jax.lax.dot_general(q_1xBxKxQxH[0], keys_BxKxHxS[..., :j * KEY_BLOCK],
+                                    (((3,), (2,)), ((0, 1), (0, 1))),
+                                    preferred_element_type=jnp.float32)
+    return s_BxKxQxS.reshape(b, kh, Q_TILE, j, KEY_BLOCK).transpose(0, 1, 3, 2, 4)[None]
 
   def weights_of(scores_IxBxKxJxQxC, vis_IxBxJxQxC):
     seen = jnp.broadcast_to(vis_IxBxJxQxC[:, :, None], scores_IxBxKxJxQxC.shape)
-    x = masked(scores_IxBxKxJxQxC, seen)
+    x = jnp.where(seen, scores_IxBxKxJxQxC / jnp.sqrt(jnp.float32(h)), _NEG)
     return exps(x, jnp.max(x, axis=(3, 5), keepdims=True), seen)  # the maximum: exact
 
   def values_of(p_1xBxKxJxQxC):
-    return weighted(p_1xBxKxJxQxC[0], values_BxKxJxCxH)[None]
+    """The weighted values of each block and, beside them, its weights' sum (a product with
+    ones)."""
+    p = p_1xBxKxJxQxC[0]
+    dims = (((4,), (3,)), ((0, 1, 2), (0, 1, 2)))
+    values = values_BxKxJxCxH[:, :, :p.shape[2]]
+    ones = jnp.ones(values.shape[:-1] + (1,), jnp.float32)
+    return jnp.concatenate([jax.lax.dot_general(p, x, dims, preferred_element_type=jnp.float32)
+                            for x in (values, ones)], axis=-1)[None]
 
   def normalised(part_IxBxKxJxQxH1):
     total = part_IxBxKxJxQxH1[:, :, :, 0]
-    for j in range(1, nb):  # in slot order
+    for j in range(1, part_IxBxKxJxQxH1.shape[3]):  # in slot order
       total = total + part_IxBxKxJxQxH1[:, :, :, j]
-    return divided(total)
+    # A row's sum is at least 1 (its largest term is exp(0)); the padding rows' 0 divides by 1.
+    return total[..., :h] / jnp.maximum(total[..., h:], 1.0)
 
-  def live_tile(q_1xBxKxQxH, vis_1xBxJxQxC):
-    """One query tile over the live blocks, one block a loop step: their maximum, then their
-    weighted values and sums added in slot order (as `normalised` adds them)."""
-    live = jnp.clip(-(-live_slots // KEY_BLOCK), 1, nb)
-
-    def block_scores(j):
-      block = lambda x, axis: jax.lax.dynamic_index_in_dim(x, j, axis, keepdims=False)
-      x = scores(q_1xBxKxQxH[0], block(keys_BxKxJxCxH, 2))
-      seen = jnp.broadcast_to(block(vis_1xBxJxQxC[0], 1)[:, None], x.shape)
-      return masked(x, seen), seen, block(values_BxKxJxCxH, 2)
-
-    top = jax.lax.fori_loop(0, live, lambda j, top: jnp.maximum(
-        top, block_scores(j)[0].max(-1, keepdims=True)),
-                            jnp.full((b, kh, Q_TILE, 1), _NEG, jnp.float32))
-
-    def add(j, total):
-      x, seen, values_BxKxCxH = block_scores(j)
-      return total + weighted(exps(x, top, seen), values_BxKxCxH)
-
-    return divided(jax.lax.fori_loop(0, live, add, jnp.zeros((b, kh, Q_TILE, h + 1),
-                                                            jnp.float32)))[None]
+  def tile(j, q, vis):  # a query tile all the way over the first j blocks
+    return normalised(values_of(weights_of(scores_of(j, q), vis[:, :, :j])))
 
   if mt <= FEW_TILES:  # a decode step or a verify: each tile all the way in one loop step
     # (a decode step's one tile too: between barriers it ran slower)
-    read = b * kh * s * h * (k_BxKxSxH.dtype.itemsize + v_BxKxSxH.dtype.itemsize)
-    every = lambda q, vis: normalised(values_of(weights_of(scores_of(q), vis)))
-    tile = every
+    read = b * kh * s * h * (k_BxKxHxS.dtype.itemsize + v_BxKxSxH.dtype.itemsize)
+    every = functools.partial(tile, nb)
     if live_slots is not None and read > LIVE_BYTES:  # the same sums either way
-      tile = lambda q, vis: jax.lax.cond(-(-live_slots // KEY_BLOCK) <= LIVE_SHARE * nb,
-                                         live_tile, every, q, vis)
-    out_IxBxKxQxH = row_map(tile, q_IxBxKxQxH, vis_IxBxJxQxC, tile=1, loop=True)
+      counts = [1 << i for i in range((nb - 1).bit_length())] + [nb]
+      live = -(-live_slots // KEY_BLOCK)
+      branch = sum((live > c).astype(jnp.int32) for c in counts[:-1])
+      every = lambda q, vis: jax.lax.switch(branch, [functools.partial(tile, c) for c in counts],
+                                            q, vis)
+    out_IxBxKxQxH = row_map(every, q_IxBxKxQxH, vis_IxBxJxQxC, tile=1, loop=True)
   else:  # the same steps, each over every tile
-    p = weights_of(row_map(scores_of, q_IxBxKxQxH, tile=1), vis_IxBxJxQxC)
+    p = weights_of(row_map(functools.partial(scores_of, nb), q_IxBxKxQxH, tile=1), vis_IxBxJxQxC)
     out_IxBxKxQxH = normalised(row_map(values_of, p, tile=1))
   return out_IxBxKxQxH.transpose(1, 2, 0, 3, 4).reshape(b, kh, mt * Q_TILE, h)[:, :, :m]
 
 
-def _as_chains(keys_BxKxSxH, values_BxKxSxH, lengths_B, depth_BxT, mask_BxTxT):
+def _as_chains(keys_BxKxHxS, values_BxKxSxH, lengths_B, depth_BxT, mask_BxTxT):
   """A tree's T new tokens (written at slots `lengths + index`) seen as the chains they end: for
-  each token its own keys and values `[B * T, K, S, H]` where the slot `lengths + e` holds its
-  ancestor at depth e, as a chain verify or decode steps would have written it, and what it sees
-  `[B * T, 1, S]` (the prefix and that chain)."""
+  each token its own keys `[B * T, K, H, S]` and values `[B * T, K, S, H]` where the slot
+  `lengths + e` holds its ancestor at depth e, as a chain verify or decode steps would have
+  written it, and what it sees `[B * T, 1, S]` (the prefix and that chain)."""
   b, t = depth_BxT.shape
-  s = keys_BxKxSxH.shape[2]
+  s = values_BxKxSxH.shape[2]
   at_depth = depth_BxT[:, None, :, None] == jnp.arange(t)  # [B, T, T(node), T(depth)]
   anc_BxTxT = jnp.argmax(mask_BxTxT[..., None] & at_depth, axis=2)  # query, depth -> node
   e_BxS = jnp.arange(s)[None, :] - lengths_B[:, None]
@@ -228,11 +216,12 @@ def _as_chains(keys_BxKxSxH, values_BxKxSxH, lengths_B, depth_BxT, mask_BxTxT):
   node_BxTxS = jnp.take_along_axis(anc_BxTxT, jnp.broadcast_to(
       jnp.clip(e_BxS, 0, t - 1)[:, None, :], (b, t, s)), axis=2)
   src_BxTxS = jnp.where(new_BxS[:, None], lengths_B[:, None, None] + node_BxTxS, jnp.arange(s))
-  gather = lambda x: jnp.take_along_axis(x[:, None], src_BxTxS[:, :, None, :, None], axis=3
-                                         ).reshape(b * t, *x.shape[1:])
+  gather = lambda x, axis: jnp.take_along_axis(x[:, None], jnp.expand_dims(  # slots on `axis`
+      src_BxTxS, tuple(d for d in (2, 3, 4) if d != axis + 1)), axis=axis + 1).reshape(
+          b * t, *x.shape[1:])
   seen_BxTxS = (e_BxS[:, None, :] < 0) | (new_BxS[:, None] & (e_BxS[:, None, :] <= depth_BxT[
       ..., None]))
-  return gather(keys_BxKxSxH), gather(values_BxKxSxH), seen_BxTxS.reshape(b * t, 1, s)
+  return gather(keys_BxKxHxS, 3), gather(values_BxKxSxH, 2), seen_BxTxS.reshape(b * t, 1, s)
 
 
 def block(block, x_BxTxD, positions_BxT, mask_BxTxT, cache: kvc.KVCache | None, layer: int,
@@ -255,13 +244,13 @@ def block(block, x_BxTxD, positions_BxT, mask_BxTxT, cache: kvc.KVCache | None, 
              for a in row_map(qkv, x_BxTxD.reshape(b * t, d), positions_BxT.reshape(b * t)))
   if cache is None:
     written = (k, v)
-    keys, values, visible = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask_BxTxT
+    keys, values, visible = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask_BxTxT
   else:
     if cache.impl != "invariant":
       raise ValueError(f"A model in invariant numerics reads a cache in the 'invariant' layout "
                        f"(`kv_cache.init_cache` of its config), not {cache.impl!r}.")
     written = kvc.write_kv(cache, layer, k, v)
-    keys, values = written  # [B, K, S, H] both
+    keys, values = written  # [B, K, H, S], [B, K, S, H]
     s = values.shape[2]
     slot_S = jnp.arange(s)
     committed_BxS = slot_S[None, :] < cache.lengths_B[:, None]

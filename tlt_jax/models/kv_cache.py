@@ -7,7 +7,7 @@ updated in place. Values are stored `[B, K, S, H]`; keys in the layout of the at
 implementation the cache is for (`impl`): `[B, K, H, S]` (slots last) for `xla`, whose decode
 products then run over contiguous memory on CPU, and `[B, K, S, H]` for the `pallas` kernel,
 whose caches also round their slots up to whole kernel tiles; a model in invariant numerics gets
-the "invariant" layout (`[B, K, S, H]` in whole key blocks) whatever the implementation. A call
+the "invariant" layout (`xla`'s, in whole key blocks) whatever the implementation. A call
 writes its T new tokens at slots `lengths .. lengths + T - 1` *without* committing them: `commit`
 then keeps an accepted subset (a chain prefix, or a tree path gathered into place) and advances
 `lengths`. Writes never clamp: a write past the last slot raises at once when lengths are
