@@ -202,3 +202,65 @@ def test_the_log_probs_a_gradient_program_computes_are_the_forward_s():
   diff = {n: last_json(run_module("tests.models.gradient_logprobs", n, timeout=300,
                                   fast_compile=False))["max_diff"] for n in ("invariant", "fast")}
   assert diff["invariant"] == 0.0 and diff["fast"] > 0.0, diff
+
+
+# Row-wise products of SmolLM2 and Qwen2.5-1.5B (contraction, output): attention in and out,
+# the MLP, SmolLM2's head.
+PRODUCTS = [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49152),
+            (1536, 1536), (1536, 256), (1536, 8960), (8960, 1536)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_cpu_a_product_computes_a_row_alike_in_every_row_tile(dtype):
+  """Part of what `invariant.SMALL_TILES` rests on, on the machine that runs the suite: XLA:CPU's
+  product computes a row in a product of a small tile's rows bitwise as in one of `ROW_TILE`, at
+  real models' shapes. One row alone takes a matrix-vector kernel and comes out otherwise at
+  most shapes, which the same check sees (so it can fail)."""
+  rng = np.random.default_rng(0)
+  dot = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32),
+                device=jax.devices("cpu")[0])
+  alone_differs = 0
+  for k, n in PRODUCTS:
+    x = jnp.asarray(rng.standard_normal((invariant.ROW_TILE, k)), dtype)
+    w = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), dtype)
+    want = np.asarray(dot(x, w))
+    for tile in invariant.SMALL_TILES["cpu"]:
+      np.testing.assert_array_equal(np.asarray(dot(x[:tile], w)), want[:tile],
+                                    err_msg=f"{tile} rows of a {k} x {n} product")
+    alone_differs += not np.array_equal(np.asarray(dot(x[:1], w)), want[:1])
+  assert alone_differs >= len(PRODUCTS) // 2
+
+
+def _smollm2_steps(model, tokens, rows):
+  """SmolLM2's logits and hidden states of `tokens[rows]`: a prefill of 8, a decode step, a chain
+  verify of 3."""
+  call = _CACHED_CALLS.setdefault("smollm2", nnx.jit(lambda m, x, c: m(x, c)))
+  cache, outs = kvc.init_cache(model.cfg, len(rows), 64), []
+  for a, b in ((0, 8), (8, 9), (9, 12)):
+    out = call(model, jnp.asarray(tokens[rows, a:b]), cache)
+    cache = kvc.commit(out.cache, jnp.full((len(rows),), b - a))
+    outs += [np.asarray(out.logits_BxTxV), np.asarray(out.hidden_BxTxD)]
+  return outs
+
+
+@pytest.mark.slow  # SmolLM2's programs at three row counts, two dtypes
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_smollm2_computes_a_row_alike_in_steps_of_1_8_and_16_rows(dtype, monkeypatch):
+  """SmolLM2 in invariant numerics: a row's logits and hidden states after a prefill, in a
+  decode step and in a verify are bitwise the same whether the call holds it alone or among 7
+  or 15 others (row tiles of 8 and 16). With tiles of 2 rows allowed, a row alone parts
+  (its norms' reductions round otherwise), so the check can fail."""
+  from tlt_jax.models.precision import Precision
+  from tlt_jax.models.pretrained import load_policy
+  model = Precision(param_dtype="float32", compute_dtype=dtype, numerics="invariant").apply(
+      load_policy("smollm2"))
+  tokens = np.random.default_rng(0).integers(0, model.cfg.vocab_size, (16, 12))
+  want = _smollm2_steps(model, tokens, list(range(16)))
+  for rows in ([0], list(range(8))):
+    for got, full in zip(_smollm2_steps(model, tokens, rows), want):
+      np.testing.assert_array_equal(got, full[:len(rows)], err_msg=f"{len(rows)} rows")
+  if dtype == "float32":
+    monkeypatch.setattr(invariant, "SMALL_TILES", {"cpu": (2, 8)})
+    _CACHED_CALLS.pop("smollm2")  # a trace reads the tiles
+    got = _smollm2_steps(model, tokens, [0])
+    assert not all(np.array_equal(g, w[:1]) for g, w in zip(got, want))

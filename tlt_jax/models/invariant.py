@@ -7,25 +7,26 @@ one row takes another kernel than one of two, one of 64 rows splits its contract
 one of 16, a fused reduce vectorises by its output's shape; on a GPU cuBLAS picks algorithms and
 split-K by shape. So here no reduction's shape depends on the call:
 - every row-wise step (the norms, the projections, RoPE, the MLP, the head) runs over tiles of
-  `ROW_TILE` rows, one loop body of one shape (`lax.map`) whatever the number of rows, and a
-  call of one tile runs that body alone between optimisation barriers (`row_map`);
-- attention reads the keys in blocks of `KEY_BLOCK` slots and the query rows of a kv head in
-  tiles of `Q_TILE`, one tile per loop step. Scores and weighted values are batched products
-  whose batch is (row, kv head, block) and whose every element has `Q_TILE` query rows and the
-  contraction of one head (scores) or one block (values): each element runs alike whatever the
-  batch (tests/models/test_invariant.py holds XLA to it; a product of a few query rows runs
-  otherwise than one of many, with heads of 64). The softmax's maximum is exact in any order;
-  its sum is a product of the weights with ones, batched as the values' is; the blocks' partial
-  sums are added one after another in slot order, so the blocks a query does not see (past its
-  position, or past a shorter call's last slot) add exact zeros. A step on a large cache
-  (`LIVE_BYTES`) whose rows fill at most half of it reads only the blocks before its longest
-  row's end, one a loop step: the same sums, less the zeros, at the cost of the prefix rather
-  than of the cache.
+  `ROW_TILE` rows (on CPU a call of fewer rows pads to the smallest of `SMALL_TILES` that holds
+  them), one loop body of one shape (`lax.map`) whatever the number of rows, and a call of one
+  tile runs that body alone between optimisation barriers (`row_map`);
+- attention reads the keys in blocks of `KEY_BLOCK` slots. A kv head's query rows (its heads
+  times the call's tokens, padded to a multiple of `Q_TILE`) meet them in products batched over
+  (row, kv head[, block]): the scores one product with a row's keys (a score is a sum over the
+  head's H alone), the weighted values and the weights' sums (a product with two columns of
+  ones) one product per block. Each element of these products runs alike whatever the number of
+  query rows (from two: one takes a matrix-vector kernel), slots or batch elements
+  (tests/models/test_invariant.py holds XLA to it), so a decode step or a verify (up to
+  `FEW_ROWS` query rows) runs all its rows in one product, a prefill or a full forward
+  `Q_TILE` rows a loop step (its scores would not fit otherwise). The softmax's maximum is
+  exact in any order; the blocks' partial sums are added one after another in slot order, so
+  the blocks a query does not see (past its position, or past a shorter call's last slot) add
+  exact zeros. A step on a large cache (`LIVE_BYTES`) reads only its first blocks, as many as
+  the smallest power of two that holds its longest row's end (a `lax.switch`): the same sums,
+  less the zeros, at most twice the prefix's cost rather than the cache's.
 The cache of a model in this mode is laid out for it (`kv_cache.init_cache`: keys `[B, K, H, S]`
 and values `[B, K, S, H]`, slots in whole key blocks), so a step reads its blocks where they lie,
-with no copy of the cache: a query tile's scores are one product with a row's keys (a score is a
-sum over the head's H alone, in the same order in a product of any number of slots), its
-weighted values one product per block.
+with no copy of the cache (keys `[B, K, S, H]` cost a transpose a product: 5x the scores').
 A key's slot is its position in a chain (decode, chain verify, prefill, the trainer's full
 forward over left-aligned sequences), so a query meets the same keys in the same blocks in every
 call. A tree verify writes a node at its index among the tree's nodes, so each of its nodes
@@ -45,15 +46,15 @@ from tlt_jax.kernels.attention import INVARIANT_BLOCK
 from tlt_jax.models import kv_cache as kvc
 
 ROW_TILE = 16   # rows of each row-wise loop step
-# Smaller tiles a call of fewer rows takes instead, by backend: XLA:CPU's product computes a row
-# alike in every product of 2 to 32 rows (its contraction's blocks follow the contraction's
-# length and the caches, not the rows; a single row takes a matrix-vector kernel), so there a
-# call pads to the smallest tile that holds it; elsewhere (cuBLAS picks its algorithm by shape)
-# every call pads to ROW_TILE.
-SMALL_TILES = {"cpu": (2, 4, 8)}
+# Smaller tiles a call of fewer rows takes instead, by backend. XLA:CPU computes a row of a step
+# of 8 rows bitwise as of one of 16 (SmolLM2 and the tests' models, f32 and bf16: its products
+# run a row alike from 2 to 32 rows, but a step of 2 or 4 rows rounds its norms' reductions
+# otherwise at SmolLM2's width); cuBLAS picks its algorithm by shape, so elsewhere every call
+# pads to ROW_TILE. tests/models/test_invariant.py holds XLA:CPU to it.
+SMALL_TILES = {"cpu": (8,)}
 KEY_BLOCK = INVARIANT_BLOCK  # key slots of each attention block (a cache's slots: whole blocks)
-Q_TILE = 4      # query rows (of one kv head) of each attention product
-FEW_TILES = 4   # query tiles up to which attention runs tile by tile (decode steps, verifies)
+Q_TILE = 4      # query rows (of one kv head) of each attention product in a prefill: its granule
+FEW_ROWS = 64   # query rows of a kv head up to which a call runs them in one product
 EXP_TILE = 512  # blocks of scores per step of the softmax's exponentials
 # The attention's implementation: None picks by backend ("pallas" on a GPU, else "jnp");
 # "interpret" runs the Pallas kernel interpreted (tests on CPU).
@@ -65,7 +66,7 @@ _NEG = -1e30    # a score no query sees (finite: the masked terms' gradients sta
 def row_tile(rows: int) -> int:
   """The row tile of a row-wise step over `rows` rows: `ROW_TILE`, or on a backend with
   `SMALL_TILES` the smallest of them that holds the rows (a decode step of one row costs a
-  product of two rows, not of sixteen)."""
+  product of eight rows, not of sixteen)."""
   return next((t for t in SMALL_TILES.get(jax.default_backend(), ()) if rows <= t), ROW_TILE)
 
 
@@ -135,13 +136,15 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
   keys_BxKxHxS = jnp.pad(k_BxKxHxS, [(0, 0), (0, 0), (0, 0), (0, pad)])
   values_BxKxJxCxH = jnp.pad(v_BxKxSxH.astype(jnp.float32), [(0, 0), (0, 0), (0, pad), (0, 0)]
                              ).reshape(b, kh, nb, KEY_BLOCK, h)
-  # The query rows in tiles of Q_TILE rows (zero rows pad the last), so that every product has
-  # Q_TILE query rows whatever the call.
-  mt = -(-m // Q_TILE)
-  q_IxBxKxQxH = jnp.pad(q_BxKxMxH, [(0, 0), (0, 0), (0, mt * Q_TILE - m), (0, 0)]).reshape(
-      b, kh, mt, Q_TILE, h).transpose(2, 0, 1, 3, 4)
-  vis_IxBxJxQxC = jnp.pad(visible_BxMxS, [(0, 0), (0, mt * Q_TILE - m), (0, pad)]).reshape(
-      b, mt, Q_TILE, nb, KEY_BLOCK).transpose(1, 0, 3, 2, 4)
+  # The query rows padded to whole Q_TILEs (zero rows), in I tiles of Q rows: one tile of them
+  # all in a decode step or a verify, tiles of Q_TILE in a prefill.
+  padded = -(-m // Q_TILE) * Q_TILE
+  few = padded <= FEW_ROWS
+  rows = padded if few else Q_TILE
+  q_IxBxKxQxH = jnp.pad(q_BxKxMxH, [(0, 0), (0, 0), (0, padded - m), (0, 0)]).reshape(
+      b, kh, -1, rows, h).transpose(2, 0, 1, 3, 4)
+  vis_IxBxJxQxC = jnp.pad(visible_BxMxS, [(0, 0), (0, padded - m), (0, pad)]).reshape(
+      b, -1, rows, nb, KEY_BLOCK).transpose(1, 0, 3, 2, 4)
 
   def exps(scores_xQxC, top_xQx1, seen_xQxC):
     # XLA:CPU computes exp otherwise in a vectorised loop and in its scalar remainder, where an
@@ -158,7 +161,7 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
     s_BxKxQxS = jax.lax.dot_general(q_1xBxKxQxH[0], keys_BxKxHxS[..., :j * KEY_BLOCK],
                                     (((3,), (2,)), ((0, 1), (0, 1))),
                                     preferred_element_type=jnp.float32)
-    return s_BxKxQxS.reshape(b, kh, Q_TILE, j, KEY_BLOCK).transpose(0, 1, 3, 2, 4)[None]
+    return s_BxKxQxS.reshape(b, kh, rows, j, KEY_BLOCK).transpose(0, 1, 3, 2, 4)[None]
 
   def weights_of(scores_IxBxKxJxQxC, vis_IxBxJxQxC):
     seen = jnp.broadcast_to(vis_IxBxJxQxC[:, :, None], scores_IxBxKxJxQxC.shape)
@@ -166,14 +169,15 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
     return exps(x, jnp.max(x, axis=(3, 5), keepdims=True), seen)  # the maximum: exact
 
   def values_of(p_1xBxKxJxQxC):
-    """The weighted values of each block and, beside them, its weights' sum (a product with
-    ones)."""
+    """The weighted values of each block and, beside them, its weights' sum (a product with two
+    columns of ones: one column is a matrix-vector product, which XLA:CPU runs otherwise for
+    eight rows and more)."""
     p = p_1xBxKxJxQxC[0]
     dims = (((4,), (3,)), ((0, 1, 2), (0, 1, 2)))
     values = values_BxKxJxCxH[:, :, :p.shape[2]]
-    ones = jnp.ones(values.shape[:-1] + (1,), jnp.float32)
+    ones = jnp.ones(values.shape[:-1] + (2,), jnp.float32)
     return jnp.concatenate([jax.lax.dot_general(p, x, dims, preferred_element_type=jnp.float32)
-                            for x in (values, ones)], axis=-1)[None]
+                            for x in (values, ones)], axis=-1)[..., :h + 1][None]
 
   def normalised(part_IxBxKxJxQxH1):
     total = part_IxBxKxJxQxH1[:, :, :, 0]
@@ -185,8 +189,8 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
   def tile(j, q, vis):  # a query tile all the way over the first j blocks
     return normalised(values_of(weights_of(scores_of(j, q), vis[:, :, :j])))
 
-  if mt <= FEW_TILES:  # a decode step or a verify: each tile all the way in one loop step
-    # (a decode step's one tile too: between barriers it ran slower)
+  if few:  # a decode step or a verify: its one tile all the way in a loop step (between
+    # barriers it ran slower)
     read = b * kh * s * h * (k_BxKxHxS.dtype.itemsize + v_BxKxSxH.dtype.itemsize)
     every = functools.partial(tile, nb)
     if live_slots is not None and read > LIVE_BYTES:  # the same sums either way
@@ -199,7 +203,7 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
   else:  # the same steps, each over every tile
     p = weights_of(row_map(functools.partial(scores_of, nb), q_IxBxKxQxH, tile=1), vis_IxBxJxQxC)
     out_IxBxKxQxH = normalised(row_map(values_of, p, tile=1))
-  return out_IxBxKxQxH.transpose(1, 2, 0, 3, 4).reshape(b, kh, mt * Q_TILE, h)[:, :, :m]
+  return out_IxBxKxQxH.transpose(1, 2, 0, 3, 4).reshape(b, kh, padded, h)[:, :, :m]
 
 
 def _as_chains(keys_BxKxHxS, values_BxKxSxH, lengths_B, depth_BxT, mask_BxTxT):
