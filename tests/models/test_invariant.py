@@ -211,24 +211,26 @@ PRODUCTS = [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49152),
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_on_cpu_a_product_computes_a_row_alike_in_every_row_tile(dtype):
-  """Part of what `invariant.SMALL_TILES` rests on, on the machine that runs the suite: XLA:CPU's
-  product computes a row in a product of a small tile's rows bitwise as in one of `ROW_TILE`, at
-  real models' shapes. One row alone takes a matrix-vector kernel and comes out otherwise at
-  most shapes, which the same check sees (so it can fail)."""
-  rng = np.random.default_rng(0)
-  dot = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32),
-                device=jax.devices("cpu")[0])
-  alone_differs = 0
+def test_the_row_tiles_kept_compute_a_row_alike_and_one_row_alone_is_dropped(dtype, monkeypatch):
+  """`invariant.row_tiles` on the machine that runs the suite, at real models' shapes: a product
+  of each tile it keeps computes a row bitwise as one of `ROW_TILE` rows (checked here on other
+  operands); one row alone takes XLA:CPU's matrix-vector kernel and rounds otherwise at most
+  shapes, and the probe drops it there (so it can fail)."""
+  monkeypatch.setitem(invariant.CANDIDATE_TILES, "cpu", (1, 2, 4, 8, 16, 32))
+  rng = np.random.default_rng(1)
+  dot = jax.jit(lambda x, w: jnp.dot(x, w), device=jax.devices("cpu")[0])
+  dropped_one = 0
   for k, n in PRODUCTS:
-    x = jnp.asarray(rng.standard_normal((invariant.ROW_TILE, k)), dtype)
+    tiles = invariant.row_tiles((("dot", k, n, dtype, 1),))
+    assert invariant.ROW_TILE in tiles
+    dropped_one += 1 not in tiles
+    x = jnp.asarray(rng.standard_normal((max(tiles), k)), dtype)
     w = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), dtype)
-    want = np.asarray(dot(x, w))
-    for tile in invariant.SMALL_TILES["cpu"]:
-      np.testing.assert_array_equal(np.asarray(dot(x[:tile], w)), want[:tile],
-                                    err_msg=f"{tile} rows of a {k} x {n} product")
-    alone_differs += not np.array_equal(np.asarray(dot(x[:1], w)), want[:1])
-  assert alone_differs >= len(PRODUCTS) // 2
+    want = np.asarray(dot(x[:invariant.ROW_TILE], w))
+    for tile in tiles:
+      np.testing.assert_array_equal(np.asarray(dot(x[:tile], w))[:invariant.ROW_TILE],
+                                    want[:tile], err_msg=f"{tile} rows of a {k} x {n} product")
+  assert dropped_one >= len(PRODUCTS) // 2
 
 
 def _smollm2_steps(model, tokens, rows):
@@ -243,24 +245,24 @@ def _smollm2_steps(model, tokens, rows):
   return outs
 
 
-@pytest.mark.slow  # SmolLM2's programs at three row counts, two dtypes
+@pytest.mark.slow  # SmolLM2's programs at four row counts, two dtypes
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_smollm2_computes_a_row_alike_in_steps_of_1_8_and_16_rows(dtype, monkeypatch):
+def test_smollm2_computes_a_row_alike_in_steps_of_1_8_16_and_32_rows(dtype, monkeypatch):
   """SmolLM2 in invariant numerics: a row's logits and hidden states after a prefill, in a
-  decode step and in a verify are bitwise the same whether the call holds it alone or among 7
-  or 15 others (row tiles of 8 and 16). With tiles of 2 rows allowed, a row alone parts
-  (its norms' reductions round otherwise), so the check can fail."""
+  decode step and in a verify are bitwise the same whether the call holds it alone or among 7,
+  15 or 31 others (the tiles `invariant.row_tiles` keeps: 2 or 4, 8, 16, 32, and loops over the
+  largest). With a tile of one row forced, a row alone parts, so the check can fail."""
   from tlt_jax.models.precision import Precision
   from tlt_jax.models.pretrained import load_policy
   model = Precision(param_dtype="float32", compute_dtype=dtype, numerics="invariant").apply(
       load_policy("smollm2"))
-  tokens = np.random.default_rng(0).integers(0, model.cfg.vocab_size, (16, 12))
-  want = _smollm2_steps(model, tokens, list(range(16)))
-  for rows in ([0], list(range(8))):
+  tokens = np.random.default_rng(0).integers(0, model.cfg.vocab_size, (32, 12))
+  want = _smollm2_steps(model, tokens, list(range(32)))
+  for rows in ([0], list(range(8)), list(range(16))):
     for got, full in zip(_smollm2_steps(model, tokens, rows), want):
       np.testing.assert_array_equal(got, full[:len(rows)], err_msg=f"{len(rows)} rows")
-  if dtype == "float32":
-    monkeypatch.setattr(invariant, "SMALL_TILES", {"cpu": (2, 8)})
+  if dtype == "float32":  # a tile of one row, which `row_tiles` drops, would part
+    monkeypatch.setattr(invariant, "model_tiles", lambda cfg: (1, 8, 16, 32))
     _CACHED_CALLS.pop("smollm2")  # a trace reads the tiles
     got = _smollm2_steps(model, tokens, [0])
     assert not all(np.array_equal(g, w[:1]) for g, w in zip(got, want))

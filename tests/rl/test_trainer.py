@@ -1,6 +1,7 @@
 """The GRPO loop: TLT (coupled SD) is the same run as the baseline; a resumed run continues the
 same trajectory."""
 
+import collections
 import json
 import struct
 
@@ -185,11 +186,13 @@ def test_the_kl_reference_survives_a_resume(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def _wandb_history(path, key: str, record_cls) -> list:
+def _wandb_history(path, key: str, record_cls) -> tuple[list, collections.Counter]:
   """The values logged under `key` in an offline W&B run's record file, read with W&B's own
   protobuf `record_cls`: a 7-byte file header, then records cut into 32 KiB blocks,
-  each piece behind a 7-byte header (crc, length, kind: 1 whole, 2 first, 3 middle, 4 last)."""
+  each piece behind a 7-byte header (crc, length, kind: 1 whole, 2 first, 3 middle, 4 last);
+  and the count of each record type (what a failure shows)."""
   data, block, pos, buf, out = path.read_bytes(), 1 << 15, 7, b"", []
+  kinds = collections.Counter()
   while pos + 7 <= len(data):
     if block - pos % block < 7:  # a block's tail too short for a header is padding
       pos += block - pos % block
@@ -200,11 +203,12 @@ def _wandb_history(path, key: str, record_cls) -> list:
     if kind not in (1, 4):
       continue
     record = record_cls.FromString(buf)
+    kinds[record.WhichOneof("record_type")] += 1
     for item in record.history.item if record.HasField("history") else ():
       if (item.key or "/".join(item.nested_key)) == key:  # W&B writes either field
         typed = item.WhichOneof("value")
         out.append(getattr(item, typed) if typed else json.loads(item.value_json))
-  return out
+  return out, kinds
 
 
 def test_weights_and_biases_logs_offline_beside_the_records(tmp_path, monkeypatch):
@@ -219,10 +223,10 @@ def test_weights_and_biases_logs_offline_beside_the_records(tmp_path, monkeypatc
                optim=OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10))
   hist = tr.run(progress=False)
   (record,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
-  steps = _wandb_history(record, "_step", record_cls)
+  steps, kinds = _wandb_history(record, "_step", record_cls)
   for key in ("reward", "train/loss", "spec/accept_len"):
-    logged = dict(zip(steps, _wandb_history(record, key, record_cls)))
-    assert logged == pytest.approx({m["step"]: m[key] for m in hist}), key
+    logged = dict(zip(steps, _wandb_history(record, key, record_cls)[0]))
+    assert logged == pytest.approx({m["step"]: m[key] for m in hist}), (key, dict(kinds))
   assert not (out / "tb").exists()  # only the loggers asked for
   with pytest.raises(ValueError, match=r"loggers \['mlflow'\] unknown"):
     LoopConfig(str(out), 1, 4, 4, loggers=("mlflow",))

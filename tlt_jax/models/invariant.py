@@ -7,9 +7,11 @@ one row takes another kernel than one of two, one of 64 rows splits its contract
 one of 16, a fused reduce vectorises by its output's shape; on a GPU cuBLAS picks algorithms and
 split-K by shape. So here no reduction's shape depends on the call:
 - every row-wise step (the norms, the projections, RoPE, the MLP, the head) runs over tiles of
-  `ROW_TILE` rows (on CPU a call of fewer rows pads to the smallest of `SMALL_TILES` that holds
-  them), one loop body of one shape (`lax.map`) whatever the number of rows, and a call of one
-  tile runs that body alone between optimisation barriers (`row_map`);
+  rows of a few fixed sizes in which the machine's products compute a row alike (`row_tiles`
+  tries them on the model's products): the smallest that holds the call's rows, between
+  optimisation barriers, or a loop (`lax.map`) over tiles of the largest (`row_map`); a norm's
+  mean of squares is a product too (`layers.RMSNorm`'s `in_order`), since XLA vectorises a
+  reduction by the rows it holds;
 - attention reads the keys in blocks of `KEY_BLOCK` slots. A kv head's query rows (its heads
   times the call's tokens, padded to a multiple of `Q_TILE`) meet them in products batched over
   (row, kv head[, block]): the scores one product with a row's keys (a score is a sum over the
@@ -40,18 +42,19 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tlt_jax.kernels import invariant_pallas
 from tlt_jax.kernels.attention import INVARIANT_BLOCK
 from tlt_jax.models import kv_cache as kvc
 
-ROW_TILE = 16   # rows of each row-wise loop step
-# Smaller tiles a call of fewer rows takes instead, by backend. XLA:CPU computes a row of a step
-# of 8 rows bitwise as of one of 16 (SmolLM2 and the tests' models, f32 and bf16: its products
-# run a row alike from 2 to 32 rows, but a step of 2 or 4 rows rounds its norms' reductions
-# otherwise at SmolLM2's width); cuBLAS picks its algorithm by shape, so elsewhere every call
-# pads to ROW_TILE. tests/models/test_invariant.py holds XLA:CPU to it.
-SMALL_TILES = {"cpu": (8,)}
+ROW_TILE = 16   # rows of a row-wise step's tile on every backend; its loop's tile on most
+# Smaller and larger tiles a backend may run instead, where its products compute a row alike in
+# them and in ROW_TILE: XLA:CPU mostly does from 2 rows to 32 (f32; bf16 from 3), by a
+# contraction split chosen from all three dimensions (on an Intel Xeon in f32 a width of 896
+# parts at 2-8 rows, 768 at 32), so `row_tiles` tries each on the model's own products; cuBLAS
+# picks its algorithm by shape, so elsewhere every step runs ROW_TILE.
+CANDIDATE_TILES = {"cpu": (2, 4, 8, 16, 32)}
 KEY_BLOCK = INVARIANT_BLOCK  # key slots of each attention block (a cache's slots: whole blocks)
 Q_TILE = 4      # query rows (of one kv head) of each attention product in a prefill: its granule
 FEW_ROWS = 64   # query rows of a kv head up to which a call runs them in one product
@@ -63,15 +66,68 @@ LIVE_BYTES = 8 << 20  # a layer's keys and values past which a call on a cache r
 _NEG = -1e30    # a score no query sees (finite: the masked terms' gradients stay finite)
 
 
-def row_tile(rows: int) -> int:
-  """The row tile of a row-wise step over `rows` rows: `ROW_TILE`, or on a backend with
-  `SMALL_TILES` the smallest of them that holds the rows (a decode step of one row costs a
-  product of eight rows, not of sixteen)."""
-  return next((t for t in SMALL_TILES.get(jax.default_backend(), ()) if rows <= t), ROW_TILE)
+def row_tiles(products: tuple[tuple, ...]) -> tuple[int, ...]:
+  """The row tiles a row-wise step may run on this machine: of the backend's `CANDIDATE_TILES`,
+  those in which each of `products` computes a row bitwise as in a product of `ROW_TILE` rows
+  (random operands, each tile against ROW_TILE's rows; cached per process), ROW_TILE alone
+  elsewhere. A product is `(form, k, n, dtype, per_row)`: "dot" `[R * per_row, k] @ [k, n]` in
+  the dtype, "acc" the same with float32 sums, "table" a tied head's `[n, k]` table against the
+  rows."""
+  candidates = CANDIDATE_TILES.get(jax.default_backend())
+  if candidates is None:
+    return (ROW_TILE,)
+  return _agreeing(candidates, tuple(products))
 
 
-def row_map(fn, *arrays_R, tile: int | None = None, loop: bool = False):
-  """`fn` over tiles of `tile` rows (default `row_tile(R)`) of arrays with R leading rows (zero
+@functools.cache
+def _agreeing(candidates: tuple[int, ...], products: tuple[tuple, ...]) -> tuple[int, ...]:
+  keep = set(candidates) | {ROW_TILE}
+  with jax.ensure_compile_time_eval():
+    for i, (form, k, n, dtype, per_row) in enumerate(products):
+      x_key, w_key = jax.random.split(jax.random.key(i))
+      x = jax.random.normal(x_key, (max(keep) * per_row, k), jnp.float32).astype(dtype)
+      w = (jax.random.normal(w_key, (n, k) if form == "table" else (k, n), jnp.float32)
+           / k ** 0.5).astype(dtype)
+      product, ref = _PRODUCT_FORMS[form], ROW_TILE * per_row
+      want = np.asarray(product(x[:ref], w))
+      for tile in sorted(keep - {ROW_TILE}):
+        got = np.asarray(product(x[:tile * per_row], w))[:ref]
+        if not np.array_equal(got, want[:tile * per_row]):
+          keep.discard(tile)
+  return tuple(sorted(keep))
+
+
+_PRODUCT_FORMS = {
+    "dot": jax.jit(lambda x, w: jnp.dot(x, w)),
+    "acc": jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32)),
+    "table": jax.jit(lambda x, w: jnp.einsum("vd,td->tv", w, x,
+                                             preferred_element_type=jnp.float32)),
+}
+
+
+def model_tiles(cfg) -> tuple[int, ...]:
+  """`row_tiles` of a model config's row-wise products (the projections in its compute dtype,
+  the head, the norms' sums with two columns of ones)."""
+  d, h, dt = cfg.d_model, cfg.hd, jnp.dtype(cfg.dtype).name
+  products = [("dot", d, (cfg.n_heads + 2 * cfg.n_kv_heads) * h, dt, 1),
+              ("dot", cfg.n_heads * h, d, dt, 1), ("dot", d, 2 * cfg.d_ff, dt, 1),
+              ("dot", cfg.d_ff, d, dt, 1), ("acc", d, 2, "float32", 1),
+              ("table" if cfg.tie_embeddings else "acc", d, cfg.vocab_size, dt, 1)]
+  if cfg.qk_norm:  # per head, of the queries and of the keys
+    products += [("acc", h, 2, "float32", cfg.n_heads), ("acc", h, 2, "float32", cfg.n_kv_heads)]
+  return row_tiles(tuple(products))
+
+
+def row_tile(rows: int, tiles: tuple[int, ...]) -> int:
+  """The tile of a row-wise step over `rows` rows: the smallest of `tiles` that holds them (a
+  decode step of one row costs a product of a few rows, one of 32 rows one of 32, not two of
+  16), else the largest."""
+  return next((t for t in tiles if rows <= t), tiles[-1])
+
+
+def row_map(fn, *arrays_R, tiles: tuple[int, ...] = (ROW_TILE,), tile: int | None = None,
+            loop: bool = False):
+  """`fn` over tiles of `tile` rows (default `row_tile(R, tiles)`) of arrays with R leading rows (zero
   rows pad the last tile; they are cut off again); `fn` maps tiles `[tile, ...]` to a pytree of
   them. Several tiles run in a loop (`lax.map`), one loop body of one shape; a single tile runs
   as that body between optimisation barriers, which keep XLA from fusing its operations with
@@ -80,7 +136,7 @@ def row_map(fn, *arrays_R, tile: int | None = None, loop: bool = False):
   loop of one step is inlined): XLA:CPU rounds an exponential inside a loop body otherwise than
   outside one."""
   r = arrays_R[0].shape[0]
-  tile = row_tile(r) if tile is None else tile
+  tile = row_tile(r, tiles) if tile is None else tile
   real = -(-r // tile)
   steps = max(real, 2) if loop else real
   pad = steps * tile - r
@@ -240,12 +296,13 @@ def block(block, x_BxTxD, positions_BxT, mask_BxTxT, cache: kvc.KVCache | None, 
   b, t, d = x_BxTxD.shape
 
   def qkv(x_RxD, pos_R):
-    normed = x_RxD if block.input_norm is None else block.input_norm(x_RxD)
+    normed = x_RxD if block.input_norm is None else block.input_norm(x_RxD, in_order=True)
     q, k, v = block.attn.qkv(normed[None], pos_R[None])
     return q[0], k[0], v[0]
 
   q, k, v = (a.reshape(b, t, *a.shape[1:])
-             for a in row_map(qkv, x_BxTxD.reshape(b * t, d), positions_BxT.reshape(b * t)))
+             for a in row_map(qkv, x_BxTxD.reshape(b * t, d), positions_BxT.reshape(b * t),
+                             tiles=model_tiles(block.attn.cfg)))
   if cache is None:
     written = (k, v)
     keys, values, visible = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask_BxTxT
@@ -271,9 +328,10 @@ def block(block, x_BxTxD, positions_BxT, mask_BxTxT, cache: kvc.KVCache | None, 
 
   def rest(x_RxD, a_RxNxH):
     x_RxD = x_RxD + block.attn.out(a_RxNxH[None])[0]
-    return x_RxD + block.mlp(block.post_attn_norm(x_RxD))
+    return x_RxD + block.mlp(block.post_attn_norm(x_RxD, in_order=True))
 
-  out = row_map(rest, x_BxTxD.reshape(b * t, d), attended.reshape(b * t, *attended.shape[2:]))
+  out = row_map(rest, x_BxTxD.reshape(b * t, d), attended.reshape(b * t, *attended.shape[2:]),
+                tiles=model_tiles(block.attn.cfg))
   return out.reshape(b, t, d), written
 
 
@@ -283,8 +341,8 @@ def head(model, x_BxTxD):
   b, t, d = x_BxTxD.shape
 
   def fn(x_RxD):
-    hidden = model.final_norm(x_RxD)
+    hidden = model.final_norm(x_RxD, in_order=True)
     return hidden, model.head(hidden[None])[0]
 
-  hidden, logits = row_map(fn, x_BxTxD.reshape(b * t, d))
+  hidden, logits = row_map(fn, x_BxTxD.reshape(b * t, d), tiles=model_tiles(model.cfg))
   return hidden.reshape(b, t, d), logits.reshape(b, t, -1)

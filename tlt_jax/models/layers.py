@@ -20,9 +20,17 @@ class RMSNorm(nnx.Module):
     self.scale = param(jnp.ones((dim,), param_dtype), (axis,))
     self.eps = eps
 
-  def __call__(self, x):
+  def __call__(self, x, in_order: bool = False):
+    """`x` normalised; `in_order` (invariant numerics): the mean of squares as a product with two
+    columns of ones, which XLA:CPU computes alike for any number of rows from two, where it
+    vectorises a reduction by the rows it holds."""
     x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    if in_order:
+      squares = (x32 * x32) @ jnp.ones((x.shape[-1], 2), jnp.float32)
+      mean = squares[..., :1] / x.shape[-1]
+    else:
+      mean = jnp.mean(x32 * x32, axis=-1, keepdims=True)
+    y = x32 * jax.lax.rsqrt(mean + self.eps)
     return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
 
 
@@ -150,7 +158,8 @@ class Attention(nnx.Module):
     k = qkv_BxTxKxG2xH[..., g, :]
     v = qkv_BxTxKxG2xH[..., g + 1, :]
     if cfg.qk_norm:
-      q, k = self.q_norm(q), self.k_norm(k)
+      in_order = cfg.numerics == "invariant"
+      q, k = self.q_norm(q, in_order), self.k_norm(k, in_order)
     q = apply_rope(q, positions_BxT, cfg.rope_theta, cfg.rope_layout, cfg.llama3_rope)
     k = apply_rope(k, positions_BxT, cfg.rope_theta, cfg.rope_layout, cfg.llama3_rope)
     return q, k, v

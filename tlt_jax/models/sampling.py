@@ -66,13 +66,14 @@ def processed_logprobs(logits_xV: jax.Array, params: SamplingParams,
 
 
 def _log_softmax_in_order(x_xV: jax.Array) -> jax.Array:
-  """`jax.nn.log_softmax` whose sum is a product with a vector of ones: a product runs in its
+  """`jax.nn.log_softmax` whose sum is a product with two columns of ones: a product runs in its
   kernel's order for its shape, where XLA orders a reduction by the fusion it puts it in (the
   update's gradient program fuses it otherwise than a rollout step does: ulps apart over a 49k
-  vocabulary)."""
+  vocabulary); one column would be a matrix-vector product, which XLA:CPU runs otherwise for
+  few rows."""
   shifted = x_xV - jax.lax.stop_gradient(jnp.max(x_xV, axis=-1, keepdims=True))
-  total = jnp.exp(shifted) @ jnp.ones(x_xV.shape[-1], jnp.float32)
-  return shifted - jnp.log(total)[..., None]
+  total = jnp.exp(shifted) @ jnp.ones((x_xV.shape[-1], 2), jnp.float32)
+  return shifted - jnp.log(total[..., :1])
 
 
 def _processed(logits_xV: jax.Array, params: SamplingParams,
