@@ -128,13 +128,12 @@ def row_tile(rows: int, tiles: tuple[int, ...]) -> int:
 def row_map(fn, *arrays_R, tiles: tuple[int, ...] = (ROW_TILE,), tile: int | None = None,
             loop: bool = False):
   """`fn` over tiles of `tile` rows (default `row_tile(R, tiles)`) of arrays with R leading rows
-  (zero rows pad the last tile; they are cut off again); `fn` maps tiles `[tile, ...]` to a
-  pytree of them. Several tiles run in a loop (`lax.map`), one loop body of one shape; a single
-  tile runs as that body between optimisation barriers, which keep XLA from fusing its operations with
-  what surrounds it, so a call of up to `tile` rows costs one tile and no loop. With `loop`, a
-  single tile runs in a loop too, of two steps whose second skips its padding (`lax.cond`; a
-  loop of one step is inlined): XLA:CPU rounds an exponential inside a loop body otherwise than
-  outside one."""
+  (zero rows pad the last tile; they are cut off again); `fn` maps tiles `[tile, ...]` to a pytree
+  of them. Several tiles run in a loop (`lax.map`), one loop body of one shape; a single tile runs
+  as that body between optimisation barriers, which keep XLA from fusing its operations with what
+  surrounds it, so a call of up to `tile` rows costs one tile and no loop. With `loop`, a single
+  tile runs in a loop too, of two steps whose second skips its padding (`lax.cond`; a loop of one
+  step is inlined): XLA:CPU rounds an exponential inside a loop body otherwise than outside one."""
   r = arrays_R[0].shape[0]
   tile = row_tile(r, tiles) if tile is None else tile
   real = -(-r // tile)
