@@ -6,7 +6,8 @@ several processes each has one rollout shard of tp = 2, and the engines' weights
 model's state laid out as an update does (fsdp over every device of every process), resharded
 into the shard (`rollout/reshard.py`), but for the replaying engine's, from an update on one
 device of each process, which the shard's devices are not (so gathered first); the worker
-reports how each rollout weight is split and the bytes the syncs moved."""
+reports how each rollout weight is split, the bytes the syncs moved and the row tiles
+invariant numerics would run (`invariant.model_tiles`)."""
 
 import json
 
@@ -17,7 +18,7 @@ from flax import nnx
 
 from tests.conftest import small_config
 from tlt_jax import distributed
-from tlt_jax.models import init_model
+from tlt_jax.models import init_model, invariant
 from tlt_jax.models.sharding import make_mesh, param_shardings
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
@@ -36,7 +37,8 @@ def main():
   layout = EngineConfig(batch_buckets=(16,), max_batch=16, steps_per_dispatch=4,
                         precompile=False, tp=tp)
   engine = RolloutEngine(model, layout)
-  out = {"processes": jax.process_count()}
+  out = {"processes": jax.process_count(),
+         "row_tiles": invariant.model_tiles(model.cfg)}
   if tp > 1:
     state = nnx.state(model)  # as the update holds it: split over every device of every process
     updated = jax.tree.map(distributed.put, state, param_shardings(state, make_mesh(1, -1, 1)))

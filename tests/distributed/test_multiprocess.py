@@ -15,6 +15,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from experiments.launch_local import free_port, process_env
+from tlt_jax.models.invariant import ROW_TILE
 from tlt_jax.rl.compare import compare_runs, read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -73,6 +74,9 @@ def test_a_rollout_spread_over_processes_in_tp_shards_gives_the_tokens_of_one_pr
   assert two.returncode == 0, two.stdout[-3000:]
   a, b = _json_of(one.stdout), _json_of(two.stdout, "[p0] ")
   assert (a["processes"], b["processes"]) == (1, 2)
+  # Invariant numerics' row tiles: probed in one process (16 among them), the reference tile
+  # alone across processes, which every host then traces alike.
+  assert ROW_TILE in a["row_tiles"] and b["row_tiles"] == [ROW_TILE], (a, b)
   # Each process's shard of tp = 2 got its split of every projection from the update's layout
   # (fsdp over the 4 devices of both processes), and no device of it a whole one; the sync
   # brought its devices less than the policy (a gather brings each device all of it).
