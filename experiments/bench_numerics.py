@@ -5,6 +5,7 @@ rounds so that a ratio comes from the same moments of the machine; last line one
   python -m experiments.bench_numerics --config=experiments/configs/bench_numerics.py:smollm2
 """
 
+import functools
 import json
 
 import jax
@@ -43,13 +44,15 @@ def main(argv):
                             numerics=mode).apply(policy) for mode in NUMERICS}
   steps = []
   print(f"{c.model}, {c.dtype}: c(B, T) ms over {c.prefix} of {c.cache_len} slots, fastest call "
-        f"of alternating rounds")
+        f"of {c.steps_per_call} steps of alternating rounds, per step")
   print("   B    T      fast   invariant   invariant / fast")
   for b in c.batches:
-    times = alternating_times({(m, t): step_runner(models[m], b, t, c.cache_len, prefix=c.prefix)
-                               for m in NUMERICS for t in c.tokens}, c.rounds, c.iters)
+    runners = {(m, t): step_runner(models[m], b, t, c.cache_len, prefix=c.prefix)
+               for m in NUMERICS for t in c.tokens}
+    times = alternating_times({k: functools.partial(run, c.steps_per_call)
+                               for k, run in runners.items()}, c.rounds, c.iters)
     for t in c.tokens:
-      fast, inv = (1e3 * float(np.min(times[(m, t)])) for m in NUMERICS)
+      fast, inv = (1e3 * float(np.min(times[(m, t)])) / c.steps_per_call for m in NUMERICS)
       steps.append({"B": b, "T": t, "fast_ms": round(fast, 3), "invariant_ms": round(inv, 3),
                     "ratio": round(inv / fast, 3)})
       print(f"{b:4d} {t:4d} {fast:9.3f} {inv:11.3f} {inv / fast:18.2f}")
@@ -59,7 +62,7 @@ def main(argv):
   print(f"update forward and backward, {c.update_rows} x {c.update_len} tokens: fast {fast:.3f} s, "
         f"invariant {inv:.3f} s ({inv / fast:.2f}x)")
   print(json.dumps({"model": c.model, "dtype": c.dtype, "prefix": c.prefix,
-                    "cache_len": c.cache_len, "steps": steps,
+                    "cache_len": c.cache_len, "steps_per_call": c.steps_per_call, "steps": steps,
                     "update_fast_s": round(fast, 4), "update_invariant_s": round(inv, 4),
                     "update_ratio": round(inv / fast, 3)}))
 

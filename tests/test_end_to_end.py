@@ -78,6 +78,7 @@ def test_bench_numerics_small():
   out = last_json(run_module("experiments.bench_numerics",
                              "--config=experiments/configs/bench_numerics.py:small"))
   assert [(r["B"], r["T"]) for r in out["steps"]] == [(1, 1), (1, 4), (2, 1), (2, 4)]
+  assert out["steps_per_call"] == 2
   assert all(r["fast_ms"] > 0 and r["invariant_ms"] > 0 for r in out["steps"])
   assert out["update_fast_s"] > 0 and out["update_invariant_s"] > 0
 

@@ -20,11 +20,14 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.tokens = (1, 4)               # a decode step, and a chain verify of 3 drafts
   c.cache_len = 320
   c.prefix = 64                   # committed tokens a step attends to (invariant: their blocks)
-  c.rounds, c.iters = 3, 10
+  c.rounds, c.iters = 8, 10       # tiny steps of a few ms: more rounds against the noise
+  # Steps a timed call runs in one program, as the engine runs several a dispatch: a call's
+  # launch and wait (~0.1-0.3 ms here) spread over them.
+  c.steps_per_call = 8
   c.update_rows, c.update_len = 16, 128  # the update's forward and backward over R x L tokens
   if variant == "smollm2":
-    c.batches, c.cache_len, c.iters = (1, 4, 8, 16, 32), 512, 5
+    c.batches, c.cache_len, c.rounds, c.iters, c.steps_per_call = (1, 4, 8, 16, 32), 512, 3, 5, 1
   elif variant == "small":
-    c.batches, c.cache_len, c.rounds, c.iters = (1, 2), 64, 1, 2
+    c.batches, c.cache_len, c.rounds, c.iters, c.steps_per_call = (1, 2), 64, 1, 2, 2
     c.update_rows, c.update_len = 2, 16
   return c

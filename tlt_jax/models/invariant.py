@@ -15,12 +15,12 @@ split-K by shape. So here no reduction's shape depends on the call:
 - attention reads the keys in blocks of `KEY_BLOCK` slots. A kv head's query rows (its heads
   times the call's tokens, padded to a multiple of `Q_TILE`) meet them in products batched over
   (row, kv head[, block]): the scores one product with a row's keys (a score is a sum over the
-  head's H alone), the weighted values and the weights' sums (a product with two columns of
-  ones) one product per block. Each element of these products runs alike whatever the number of
-  query rows (from two: one takes a matrix-vector kernel), slots or batch elements
-  (tests/models/test_invariant.py holds XLA to it), so a decode step or a verify (up to
-  `FEW_ROWS` query rows) runs all its rows in one product, a prefill or a full forward
-  `Q_TILE` rows a loop step (its scores would not fit otherwise). The softmax's maximum is
+  head's H alone), the weighted values one product per block, the weights and their sums in a
+  loop over tiles of `EXP_TILE` rows of a block. Each element of these products runs alike
+  whatever the number of query rows (from two: one takes a matrix-vector kernel), slots or
+  batch elements (tests/models/test_invariant.py holds XLA to it), so a decode step or a
+  verify (up to `FEW_ROWS` query rows) runs all its rows in one product, a prefill or a full
+  forward `Q_TILE` rows a loop step (its scores would not fit otherwise). The softmax's maximum is
   exact in any order; the blocks' partial sums are added one after another in slot order, so
   the blocks a query does not see (past its position, or past a shorter call's last slot) add
   exact zeros. A step on a large cache (`LIVE_BYTES`) reads only its first blocks, as many as
@@ -58,7 +58,7 @@ CANDIDATE_TILES = {"cpu": (2, 4, 8, 16, 32)}
 KEY_BLOCK = INVARIANT_BLOCK  # key slots of each attention block (a cache's slots: whole blocks)
 Q_TILE = 4      # query rows (of one kv head) of each attention product in a prefill: its granule
 FEW_ROWS = 64   # query rows of a kv head up to which a call runs them in one product
-EXP_TILE = 512  # blocks of scores per step of the softmax's exponentials
+EXP_TILE = 64   # rows of a key block's scores a step of the softmax's exponentials takes
 # The attention's implementation: None picks by backend ("pallas" on a GPU, else "jnp");
 # "interpret" runs the Pallas kernel interpreted (tests on CPU).
 KERNEL: str | None = None
@@ -202,13 +202,19 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
   vis_IxBxJxQxC = jnp.pad(visible_BxMxS, [(0, 0), (0, padded - m), (0, pad)]).reshape(
       b, -1, rows, nb, KEY_BLOCK).transpose(1, 0, 3, 2, 4)
 
-  def exps(scores_xQxC, top_xQx1, seen_xQxC):
-    # XLA:CPU computes exp otherwise in a vectorised loop and in its scalar remainder, where an
-    # element falls by the array's shape: every exponential in one loop body of one shape.
-    top_xQxC = jnp.broadcast_to(top_xQx1, scores_xQxC.shape)
-    return row_map(lambda x, top_, seen_: jnp.where(seen_, jnp.exp(x - top_), 0.0),
-                   *(x.reshape(-1, KEY_BLOCK) for x in (scores_xQxC, top_xQxC, seen_xQxC)),
-                   tile=EXP_TILE, loop=True).reshape(scores_xQxC.shape)
+  def exps(scores_xQxC, top_xQx1):
+    """The weights and, per row of a block, their sum (a slot no query sees has a score of
+    `_NEG`: its weight is an exact zero, except in a padding row, which sees none). XLA:CPU
+    computes exp otherwise in a vectorised loop and in its scalar remainder, where an element
+    falls by the array's shape, and a sum by the rows it holds: both in a loop step of one
+    shape."""
+    def fn(x_RxC, top_Rx1):
+      p_RxC = jnp.exp(x_RxC - top_Rx1)
+      return p_RxC, p_RxC.sum(axis=1, keepdims=True)
+    top = jnp.broadcast_to(top_xQx1, scores_xQxC.shape[:-1] + (1,))
+    p, sums = row_map(fn, scores_xQxC.reshape(-1, KEY_BLOCK), top.reshape(-1, 1), tile=EXP_TILE,
+                      loop=True)
+    return p.reshape(scores_xQxC.shape), sums.reshape(top.shape)
 
   # Each step on tiles `[I, ...]` (I query tiles) over the first `j` blocks, its products in
   # loops of one shape, one tile a step, each batched over all leading axes (every element runs
@@ -222,31 +228,26 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
   def weights_of(scores_IxBxKxJxQxC, vis_IxBxJxQxC):
     seen = jnp.broadcast_to(vis_IxBxJxQxC[:, :, None], scores_IxBxKxJxQxC.shape)
     x = jnp.where(seen, scores_IxBxKxJxQxC / jnp.sqrt(jnp.float32(h)), _NEG)
-    return exps(x, jnp.max(x, axis=(3, 5), keepdims=True), seen)  # the maximum: exact
+    return exps(x, jnp.max(x, axis=(3, 5), keepdims=True))  # the maximum: exact
 
-  def values_of(p_1xBxKxJxQxC):
-    """The weighted values of each block and, beside them, its weights' sum (a product with two
-    columns of ones: one column is a matrix-vector product, which XLA:CPU runs otherwise for
-    eight rows and more)."""
+  def values_of(p_1xBxKxJxQxC, sums_1xBxKxJxQx1):
+    """The weighted values of each block and, beside them, its weights' sum."""
     p = p_1xBxKxJxQxC[0]
-    dims = (((4,), (3,)), ((0, 1, 2), (0, 1, 2)))
     values = values_BxKxJxCxH[:, :, :p.shape[2]]
-    ones = jnp.ones(values.shape[:-1] + (2,), jnp.float32)
-    return jnp.concatenate([jax.lax.dot_general(p, x, dims, preferred_element_type=jnp.float32)
-                            for x in (values, ones)], axis=-1)[..., :h + 1][None]
+    weighted = jax.lax.dot_general(p, values, (((4,), (3,)), ((0, 1, 2), (0, 1, 2))),
+                                   preferred_element_type=jnp.float32)
+    return jnp.concatenate([weighted[None], sums_1xBxKxJxQx1], axis=-1)
 
   def normalised(part_IxBxKxJxQxH1):
     total = part_IxBxKxJxQxH1[:, :, :, 0]
     for j in range(1, part_IxBxKxJxQxH1.shape[3]):  # in slot order
       total = total + part_IxBxKxJxQxH1[:, :, :, j]
-    # A row's sum is at least 1 (its largest term is exp(0)); the padding rows' 0 divides by 1.
-    return total[..., :h] / jnp.maximum(total[..., h:], 1.0)
+    return total[..., :h] / total[..., h:]  # at least 1: a row's largest weight is exp(0)
 
   def tile(j, q, vis):  # a query tile all the way over the first j blocks
-    return normalised(values_of(weights_of(scores_of(j, q), vis[:, :, :j])))
+    return normalised(values_of(*weights_of(scores_of(j, q), vis[:, :, :j])))
 
-  if few:  # a decode step or a verify: its one tile all the way in a loop step (between
-    # barriers it ran slower)
+  if few:  # a decode step or a verify: its one tile all the way
     read = b * kh * s * h * (k_BxKxHxS.dtype.itemsize + v_BxKxSxH.dtype.itemsize)
     every = functools.partial(tile, nb)
     if live_slots is not None and read > LIVE_BYTES:  # the same sums either way
@@ -255,10 +256,11 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
       branch = sum((live > c).astype(jnp.int32) for c in counts[:-1])
       every = lambda q, vis: jax.lax.switch(branch, [functools.partial(tile, c) for c in counts],
                                             q, vis)
-    out_IxBxKxQxH = row_map(every, q_IxBxKxQxH, vis_IxBxJxQxC, tile=1, loop=True)
+    out_IxBxKxQxH = every(q_IxBxKxQxH, vis_IxBxJxQxC)
   else:  # the same steps, each over every tile
-    p = weights_of(row_map(functools.partial(scores_of, nb), q_IxBxKxQxH, tile=1), vis_IxBxJxQxC)
-    out_IxBxKxQxH = normalised(row_map(values_of, p, tile=1))
+    p, sums = weights_of(row_map(functools.partial(scores_of, nb), q_IxBxKxQxH, tile=1),
+                         vis_IxBxJxQxC)
+    out_IxBxKxQxH = normalised(row_map(values_of, p, sums, tile=1))
   return out_IxBxKxQxH.transpose(1, 2, 0, 3, 4).reshape(b, kh, padded, h)[:, :, :m]
 
 
