@@ -71,9 +71,9 @@ def row_tiles(products: tuple[tuple, ...]) -> tuple[int, ...]:
   those in which each of `products` computes a row bitwise as in a product of `ROW_TILE` rows
   (random operands, each tile against ROW_TILE's rows; cached per process), ROW_TILE alone
   elsewhere and in a run of several processes (hosts may split a product differently, and
-  every process must trace the same programs). A product is `(form, k, n, dtype, per_row)`: "dot" `[R * per_row, k] @ [k, n]` in
-  the dtype, "acc" the same with float32 sums, "table" a tied head's `[n, k]` table against the
-  rows."""
+  every process must trace the same programs). A product is `(form, k, n, dtype, per_row)`:
+  "dot" `[R * per_row, k] @ [k, n]` in the dtype, "acc" the same with float32 sums, "table" a
+  tied head's `[n, k]` table against the rows."""
   candidates = CANDIDATE_TILES.get(jax.default_backend())
   if candidates is None or jax.process_count() > 1:
     return (ROW_TILE,)
