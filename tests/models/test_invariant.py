@@ -204,6 +204,26 @@ def test_the_log_probs_a_gradient_program_computes_are_the_forward_s():
   assert diff["invariant"] == 0.0 and diff["fast"] > 0.0, diff
 
 
+def test_the_gradient_of_invariant_numerics_is_the_fast_one_up_to_rounding():
+  """A call of several row tiles is differentiated untiled (`invariant._untiled_gradient`): the
+  gradient of the tokens' log-probs, every weight's and the embeddings', equals fast numerics'
+  to float32 rounding (192 rows: 6 tiles of 32 or more of fewer rows, and attention's query tiles
+  in the prefill's loop); a dropped cotangent or a weight's missing gradient would fail it."""
+  tokens = jnp.asarray(_tokens(_model("float32", "fast").cfg))
+
+  def grads(numerics):
+    def loss(model):
+      logp = jax.nn.log_softmax(model(tokens).logits_BxTxV[:, :-1])
+      return jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1).sum()
+    state = nnx.state(nnx.jit(nnx.grad(loss))(_model("float32", numerics)))
+    return jax.tree.leaves(state)
+
+  fast, inv = grads("fast"), grads("invariant")
+  assert len(fast) == len(inv) and all(np.abs(np.asarray(g)).max() > 0 for g in inv)
+  for f, i in zip(fast, inv):
+    np.testing.assert_allclose(np.asarray(i), np.asarray(f), rtol=1e-4, atol=1e-5)
+
+
 # Row-wise products of SmolLM2 and Qwen2.5-1.5B (contraction, output): attention in and out,
 # the MLP, SmolLM2's head.
 PRODUCTS = [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49152),

@@ -16,11 +16,12 @@ split-K by shape. So here no reduction's shape depends on the call:
   times the call's tokens, padded to a multiple of `Q_TILE`) meet them in products batched over
   (row, kv head[, block]): the scores one product with a row's keys (a score is a sum over the
   head's H alone), the weighted values one product per block, the weights and their sums in a
-  loop over tiles of `EXP_TILE` rows of a block. Each element of these products runs alike
-  whatever the number of query rows (from two: one takes a matrix-vector kernel), slots or
-  batch elements (tests/models/test_invariant.py holds XLA to it), so a decode step or a
-  verify (up to `FEW_ROWS` query rows) runs all its rows in one product, a prefill or a full
-  forward `Q_TILE` rows a loop step (its scores would not fit otherwise). The softmax's maximum is
+  loop over tiles of `EXP_TILE` rows of a block (`LONG_EXP_TILE` in a prefill or a full
+  forward). Each element of these products runs alike whatever the number of query rows (from
+  two: one takes a matrix-vector kernel), slots or batch elements (tests/models/test_invariant.py
+  holds XLA to it), so a decode step or a verify (up to `FEW_ROWS` query rows) runs all its rows
+  in one product, a prefill or a full forward `Q_TILE` rows a loop step (with heads of 8, XLA:CPU
+  computes a tile of 8 or more otherwise than one of 4). The softmax's maximum is
   exact in any order; the blocks' partial sums are added one after another in slot order, so
   the blocks a query does not see (past its position, or past a shorter call's last slot) add
   exact zeros. A step on a large cache (`LIVE_BYTES`) reads only its first blocks, as many as
@@ -34,6 +35,8 @@ forward over left-aligned sequences), so a query meets the same keys in the same
 call. A tree verify writes a node at its index among the tree's nodes, so each of its nodes
 attends over a copy of the keys laid out as the chain it ends (`_as_chains`). Tensor parallelism
 across layouts is not invariant (a split contraction's partial sums add in another order).
+A gradient needs no fixed order: a row-wise step of several tiles is differentiated as one call
+over all its rows (`row_map`'s `rowwise`), which costs what fast numerics' backward does.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ KEY_BLOCK = INVARIANT_BLOCK  # key slots of each attention block (a cache's slot
 Q_TILE = 4      # query rows (of one kv head) of each attention product in a prefill: its granule
 FEW_ROWS = 64   # query rows of a kv head up to which a call runs them in one product
 EXP_TILE = 64   # rows of a key block's scores a step of the softmax's exponentials takes
+LONG_EXP_TILE = 512  # the same in a prefill or a full forward (XLA:CPU: alike from 64 rows)
 # The attention's implementation: None picks by backend ("pallas" on a GPU, else "jnp");
 # "interpret" runs the Pallas kernel interpreted (tests on CPU).
 KERNEL: str | None = None
@@ -127,32 +131,66 @@ def row_tile(rows: int, tiles: tuple[int, ...]) -> int:
 
 
 def row_map(fn, *arrays_R, tiles: tuple[int, ...] = (ROW_TILE,), tile: int | None = None,
-            loop: bool = False):
+            loop: bool = False, rowwise: bool = True):
   """`fn` over tiles of `tile` rows (default `row_tile(R, tiles)`) of arrays with R leading rows
   (zero rows pad the last tile; they are cut off again); `fn` maps tiles `[tile, ...]` to a pytree
   of them. Several tiles run in a loop (`lax.map`), one loop body of one shape; a single tile runs
   as that body between optimisation barriers, which keep XLA from fusing its operations with what
   surrounds it, so a call of up to `tile` rows costs one tile and no loop. With `loop`, a single
   tile runs in a loop too, of two steps whose second skips its padding (`lax.cond`; a loop of one
-  step is inlined): XLA:CPU rounds an exponential inside a loop body otherwise than outside one."""
+  step is inlined): XLA:CPU rounds an exponential inside a loop body otherwise than outside one.
+  A `rowwise` `fn` (one that maps any number of rows, row by row) differentiates a call of
+  several tiles as `fn` over all its rows at once (`_untiled_gradient`)."""
   r = arrays_R[0].shape[0]
   tile = row_tile(r, tiles) if tile is None else tile
   real = -(-r // tile)
   steps = max(real, 2) if loop else real
-  pad = steps * tile - r
-  tiles = tuple(jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)).reshape(
-      -1, tile, *a.shape[1:]) for a in arrays_R)
-  if real >= 2:
-    out = jax.lax.map(lambda xs: fn(*xs), tiles)
-  elif loop:
-    shapes = jax.eval_shape(fn, *(jax.ShapeDtypeStruct(t.shape[1:], t.dtype) for t in tiles))
-    skip = lambda xs: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    out = jax.lax.map(lambda i_xs: jax.lax.cond(i_xs[0] == 0, lambda xs: fn(*xs), skip,
-                                                i_xs[1]), (jnp.arange(2), tiles))
-  else:
-    barrier = jax.lax.optimization_barrier
-    out = jax.tree.map(lambda y: y[None], barrier(fn(*barrier(tuple(t[0] for t in tiles)))))
-  return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:])[:r], out)
+
+  def tiled(fn, *arrays_R):
+    pad = steps * tile - r
+    tiles = tuple(jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)).reshape(
+        -1, tile, *a.shape[1:]) for a in arrays_R)
+    if real >= 2:
+      out = jax.lax.map(lambda xs: fn(*xs), tiles)
+    elif loop:
+      shapes = jax.eval_shape(fn, *(jax.ShapeDtypeStruct(t.shape[1:], t.dtype) for t in tiles))
+      skip = lambda xs: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+      out = jax.lax.map(lambda i_xs: jax.lax.cond(i_xs[0] == 0, lambda xs: fn(*xs), skip,
+                                                  i_xs[1]), (jnp.arange(2), tiles))
+    else:
+      barrier = jax.lax.optimization_barrier
+      out = jax.tree.map(lambda y: y[None], barrier(fn(*barrier(tuple(t[0] for t in tiles)))))
+    return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:])[:r], out)
+
+  if rowwise and real >= 2:
+    return _untiled_gradient(fn, tiled, tile, arrays_R)
+  return tiled(fn, *arrays_R)
+
+
+def _untiled_gradient(fn, tiled, tile: int, arrays_R):
+  """`tiled(fn, *arrays_R)`, differentiated as `fn` over all the rows at once: a gradient needs
+  no fixed order, and a loop's backward of small products, each adding into every weight's
+  gradient, cost the update 1.7-2.3x fast numerics'. The weights `fn` closes over become
+  arguments (`jax.closure_convert`) twice: at a tile's shapes for the value, at the whole
+  arrays' for the gradient (their cotangents add up where they are the same weights)."""
+  tile_args = [jnp.zeros((tile, *a.shape[1:]), a.dtype) for a in arrays_R]
+  tile_fn, tile_consts = jax.closure_convert(fn, *tile_args)
+  whole_fn, whole_consts = jax.closure_convert(fn, *arrays_R)
+
+  @jax.custom_vjp
+  def value(tile_consts, whole_consts, arrays):
+    return tiled(lambda *xs: tile_fn(*xs, *tile_consts), *arrays)
+
+  def forward(tile_consts, whole_consts, arrays):
+    return value(tile_consts, whole_consts, arrays), (tile_consts, whole_consts, arrays)
+
+  def backward(residuals, cotangent):
+    tile_consts, whole_consts, arrays = residuals
+    _, vjp = jax.vjp(lambda c, a: whole_fn(*a, *c), whole_consts, arrays)
+    return (jax.tree.map(jnp.zeros_like, tile_consts), *vjp(cotangent))
+
+  value.defvjp(forward, backward)
+  return value(tile_consts, whole_consts, tuple(arrays_R))
 
 
 def attention(q_BxTxNxH, k_BxKxHxS, v_BxKxSxH, visible_BxTxS, live_slots=None) -> jax.Array:
@@ -202,7 +240,7 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
   vis_IxBxJxQxC = jnp.pad(visible_BxMxS, [(0, 0), (0, padded - m), (0, pad)]).reshape(
       b, -1, rows, nb, KEY_BLOCK).transpose(1, 0, 3, 2, 4)
 
-  def exps(scores_xQxC, top_xQx1):
+  def exps(scores_xQxC, top_xQx1, tile):
     """The weights and, per row of a block, their sum (a slot no query sees has a score of
     `_NEG`: its weight is an exact zero, except in a padding row, which sees none). XLA:CPU
     computes exp otherwise in a vectorised loop and in its scalar remainder, where an element
@@ -212,7 +250,7 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
       p_RxC = jnp.exp(x_RxC - top_Rx1)
       return p_RxC, p_RxC.sum(axis=1, keepdims=True)
     top = jnp.broadcast_to(top_xQx1, scores_xQxC.shape[:-1] + (1,))
-    p, sums = row_map(fn, scores_xQxC.reshape(-1, KEY_BLOCK), top.reshape(-1, 1), tile=EXP_TILE,
+    p, sums = row_map(fn, scores_xQxC.reshape(-1, KEY_BLOCK), top.reshape(-1, 1), tile=tile,
                       loop=True)
     return p.reshape(scores_xQxC.shape), sums.reshape(top.shape)
 
@@ -225,10 +263,10 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
                                     preferred_element_type=jnp.float32)
     return s_BxKxQxS.reshape(b, kh, rows, j, KEY_BLOCK).transpose(0, 1, 3, 2, 4)[None]
 
-  def weights_of(scores_IxBxKxJxQxC, vis_IxBxJxQxC):
+  def weights_of(scores_IxBxKxJxQxC, vis_IxBxJxQxC, tile=EXP_TILE):
     seen = jnp.broadcast_to(vis_IxBxJxQxC[:, :, None], scores_IxBxKxJxQxC.shape)
     x = jnp.where(seen, scores_IxBxKxJxQxC / jnp.sqrt(jnp.float32(h)), _NEG)
-    return exps(x, jnp.max(x, axis=(3, 5), keepdims=True))  # the maximum: exact
+    return exps(x, jnp.max(x, axis=(3, 5), keepdims=True), tile)  # the maximum: exact
 
   def values_of(p_1xBxKxJxQxC, sums_1xBxKxJxQx1):
     """The weighted values of each block and, beside them, its weights' sum."""
@@ -258,9 +296,9 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
                                             q, vis)
     out_IxBxKxQxH = every(q_IxBxKxQxH, vis_IxBxJxQxC)
   else:  # the same steps, each over every tile
-    p, sums = weights_of(row_map(functools.partial(scores_of, nb), q_IxBxKxQxH, tile=1),
-                         vis_IxBxJxQxC)
-    out_IxBxKxQxH = normalised(row_map(values_of, p, sums, tile=1))
+    scores = row_map(functools.partial(scores_of, nb), q_IxBxKxQxH, tile=1, rowwise=False)
+    p, sums = weights_of(scores, vis_IxBxJxQxC, LONG_EXP_TILE)
+    out_IxBxKxQxH = normalised(row_map(values_of, p, sums, tile=1, rowwise=False))
   return out_IxBxKxQxH.transpose(1, 2, 0, 3, 4).reshape(b, kh, padded, h)[:, :, :m]
 
 
