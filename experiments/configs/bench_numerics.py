@@ -24,7 +24,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   # Steps a timed call runs in one program, as the engine runs several a dispatch: a call's
   # launch and wait (~0.1-0.3 ms here) spread over them.
   c.steps_per_call = 8
-  c.update_rows, c.update_len = 16, 128  # the update's forward and backward over R x L tokens
+  # The update's forward and backward over R x L tokens (update_rows=0: not timed).
+  c.update_rows, c.update_len = 16, 128
   if variant == "smollm2":
     c.batches, c.cache_len, c.rounds, c.iters, c.steps_per_call = (1, 4, 8, 16, 32), 512, 3, 5, 1
   elif variant == "small":

@@ -13,7 +13,7 @@ split-K by shape. So here no reduction's shape depends on the call:
   mean of squares is a product too (`layers.RMSNorm`'s `in_order`), since XLA vectorises a
   reduction by the rows it holds;
 - attention reads the keys in blocks of `KEY_BLOCK` slots. A kv head's query rows (its heads
-  times the call's tokens, padded to a multiple of `Q_TILE`) meet them in products batched over
+  times the call's tokens, at least two) meet them in products batched over
   (row, kv head[, block]): the scores one product with a row's keys (a score is a sum over the
   head's H alone), the weighted values one product per block, the weights and their sums in a
   loop over tiles of `EXP_TILE` rows of a block (`LONG_EXP_TILE` in a prefill or a full
@@ -230,11 +230,11 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
   keys_BxKxHxS = jnp.pad(k_BxKxHxS, [(0, 0), (0, 0), (0, 0), (0, pad)])
   values_BxKxJxCxH = jnp.pad(v_BxKxSxH.astype(jnp.float32), [(0, 0), (0, 0), (0, pad), (0, 0)]
                              ).reshape(b, kh, nb, KEY_BLOCK, h)
-  # The query rows padded to whole Q_TILEs (zero rows), in I tiles of Q rows: one tile of them
-  # all in a decode step or a verify, tiles of Q_TILE in a prefill.
-  padded = -(-m // Q_TILE) * Q_TILE
-  few = padded <= FEW_ROWS
-  rows = padded if few else Q_TILE
+  # The query rows in I tiles of Q rows: one tile of them all in a decode step or a verify (at
+  # least two: one row takes a matrix-vector kernel), else tiles of Q_TILE (zero rows pad both).
+  few = m <= FEW_ROWS
+  rows = max(m, 2) if few else Q_TILE
+  padded = -(-m // rows) * rows
   q_IxBxKxQxH = jnp.pad(q_BxKxMxH, [(0, 0), (0, 0), (0, padded - m), (0, 0)]).reshape(
       b, kh, -1, rows, h).transpose(2, 0, 1, 3, 4)
   vis_IxBxJxQxC = jnp.pad(visible_BxMxS, [(0, 0), (0, padded - m), (0, pad)]).reshape(
