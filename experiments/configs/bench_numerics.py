@@ -20,7 +20,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.tokens = (1, 4)               # a decode step, and a chain verify of 3 drafts
   c.cache_len = 320
   c.prefix = 64                   # committed tokens a step attends to (invariant: their blocks)
-  c.rounds, c.iters = 8, 10       # tiny steps of a few ms: more rounds against the noise
+  c.rounds, c.iters = 24, 4       # tiny's steps of ~1 ms: many rounds against the noise
   # Steps a timed call runs in one program, as the engine runs several a dispatch: a call's
   # launch and wait (~0.1-0.3 ms here) spread over them.
   c.steps_per_call = 8

@@ -137,10 +137,10 @@ def row_map(fn, *arrays_R, tiles: tuple[int, ...] = (ROW_TILE,), tile: int | Non
   of them. Several tiles run in a loop (`lax.map`), one loop body of one shape; a single tile runs
   as that body between optimisation barriers, which keep XLA from fusing its operations with what
   surrounds it, so a call of up to `tile` rows costs one tile and no loop. With `loop`, a single
-  tile runs in a loop too, of two steps whose second skips its padding (`lax.cond`; a loop of one
-  step is inlined): XLA:CPU rounds an exponential inside a loop body otherwise than outside one.
+  tile runs in a loop too (`_once_in_a_loop`): XLA:CPU rounds an exponential inside a loop body
+  otherwise than outside one.
   A `rowwise` `fn` (one that maps any number of rows, row by row) differentiates a call of
-  several tiles as `fn` over all its rows at once (`_untiled_gradient`)."""
+  several tiles, or one in a loop, as `fn` over all its rows at once (`_untiled_gradient`)."""
   r = arrays_R[0].shape[0]
   tile = row_tile(r, tiles) if tile is None else tile
   real = -(-r // tile)
@@ -153,18 +153,34 @@ def row_map(fn, *arrays_R, tiles: tuple[int, ...] = (ROW_TILE,), tile: int | Non
     if real >= 2:
       out = jax.lax.map(lambda xs: fn(*xs), tiles)
     elif loop:
-      shapes = jax.eval_shape(fn, *(jax.ShapeDtypeStruct(t.shape[1:], t.dtype) for t in tiles))
-      skip = lambda xs: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-      out = jax.lax.map(lambda i_xs: jax.lax.cond(i_xs[0] == 0, lambda xs: fn(*xs), skip,
-                                                  i_xs[1]), (jnp.arange(2), tiles))
+      out = _once_in_a_loop(fn, tiles)
     else:
       barrier = jax.lax.optimization_barrier
       out = jax.tree.map(lambda y: y[None], barrier(fn(*barrier(tuple(t[0] for t in tiles)))))
     return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:])[:r], out)
 
-  if rowwise and real >= 2:
+  if rowwise and (real >= 2 or loop):  # (a `while_loop` has no reverse-mode derivative)
     return _untiled_gradient(fn, tiled, tile, arrays_R)
   return tiled(fn, *arrays_R)
+
+
+def _once_in_a_loop(fn, tiles):
+  """`fn` on the first of two tiles (`tiles`: `[2, tile, ...]` each, the second padding) as the
+  body of a loop built as `lax.map`'s is (the tile sliced at the step's index, the result
+  written at it) that runs one step, a count XLA cannot see (it comes through an optimisation
+  barrier): a loop XLA knows to run once is inlined, and a slice of an axis of one is no
+  longer indexed by the step, either of which rounds an exponential otherwise."""
+  shapes = jax.eval_shape(fn, *(jax.ShapeDtypeStruct(t.shape[1:], t.dtype) for t in tiles))
+  out = jax.tree.map(lambda s: jnp.zeros((2, *s.shape), s.dtype), shapes)
+  steps = jax.lax.optimization_barrier(jnp.int32(1))
+
+  def body(carry):
+    i, out = carry
+    y = fn(*(jax.lax.dynamic_index_in_dim(t, i, keepdims=False) for t in tiles))
+    return i + 1, jax.tree.map(lambda o, y: jax.lax.dynamic_update_index_in_dim(o, y, i, 0),
+                               out, y)
+
+  return jax.lax.while_loop(lambda carry: carry[0] < steps, body, (jnp.int32(0), out))[1]
 
 
 def _untiled_gradient(fn, tiled, tile: int, arrays_R):
