@@ -1,6 +1,6 @@
 """The invariant attention's Pallas kernel (interpreted on CPU): it computes the `jnp` path's
 function, a query row's output is bitwise the same in every call, whole models through it are
-invariant, its gradient is the `jnp` path's, and it lowers for the GPU's Triton backend."""
+invariant, both paths are differentiated alike, and it lowers for the GPU's Triton backend."""
 
 import jax
 import jax.numpy as jnp
@@ -71,18 +71,27 @@ def test_a_model_through_the_kernel_computes_a_position_alike_in_every_call(
   test_invariant.test_a_position_is_computed_alike_by_every_call(dtype, None, monkeypatch)
 
 
-def test_the_kernel_s_gradient_is_the_jnp_path_s():
-  """Bitwise, under a loss linear in the output (so the two forwards' rounding does not enter
-  the cotangent)."""
+def test_both_paths_are_differentiated_as_plain_attention(monkeypatch):
+  """A pallas call has no derivative: `invariant.attention` differentiates the kernel and the
+  `jnp` path alike, as `plain_attention` (bitwise the same gradients), whose function they
+  compute (a plain softmax attention in another order: the same values to float32 rounding)."""
   q, k, v, visible = _case(jnp.float32)
-  w = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), jnp.float32)
-  loss = lambda fn: lambda q, k, v: jnp.sum(w * fn(q, k, v))
-  via_kernel = jax.grad(loss(lambda q, k, v: invariant_pallas.attention(
-      q, k, v, visible, invariant.jnp_attention, interpret=True)), argnums=(0, 1, 2))(q, k, v)
-  via_jnp = jax.grad(loss(lambda q, k, v: invariant.jnp_attention(q, k, v, visible)),
-                     argnums=(0, 1, 2))(q, k, v)
-  for got, want in zip(via_kernel, via_jnp):
+  b, kh, m, h = q.shape
+  q_BxTxNxH = q.reshape(b, kh, 3, m // 3, h).transpose(0, 3, 1, 2, 4).reshape(b, m // 3, -1, h)
+  vis_BxTxS = visible[:, :m // 3]  # each token's rows see what its first head's row sees
+  w = jnp.asarray(np.random.default_rng(1).standard_normal(q_BxTxNxH.shape), jnp.float32)
+  grads = {}
+  for kernel in ("interpret", "jnp"):
+    monkeypatch.setattr(invariant, "KERNEL", kernel)
+    grads[kernel] = jax.grad(lambda *x: jnp.sum(w * invariant.attention(*x, vis_BxTxS)),
+                             argnums=(0, 1, 2))(q_BxTxNxH, k, v)
+  for got, want in zip(grads["interpret"], grads["jnp"]):
+    assert np.abs(np.asarray(want)).max() > 0
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  vis_BxMxS = jnp.broadcast_to(vis_BxTxS[:, None], (b, 3, m // 3, vis_BxTxS.shape[-1])).reshape(
+      b, m, -1)
+  np.testing.assert_allclose(np.asarray(invariant.plain_attention(q, k, v, vis_BxMxS)),
+                             np.asarray(invariant.jnp_attention(q, k, v, vis_BxMxS)), atol=2e-6)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

@@ -14,8 +14,10 @@ it, the number of rows, tokens or programs, or the cache's length. It is not bit
 path (the two sum in other orders); each is invariant on its own backend.
 
 Keys and values are the invariant layout's, `[B, K, H, S]` and `[B, K, S, H]`
-(`kv_cache.init_cache`), slots in whole blocks. The backward pass is the `jnp` path's (the same function up to rounding): the
-update's gradient needs no fixed order, only its forward does, which is this kernel's.
+(`kv_cache.init_cache`), slots in whole blocks. A pallas call has no derivative:
+`models.invariant.attention` differentiates this kernel, as its `jnp` path, as XLA's own
+attention over the same inputs (the update's gradient needs no fixed order, only its forward
+does, which is this kernel's).
 """
 
 from __future__ import annotations
@@ -89,23 +91,3 @@ def call_kernel(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, *, interpret: bo
       compiler_params=params, interpret=interpret, name="invariant_attention",
   )(q, k, v, vis.astype(jnp.int8), extent_B)
   return out[:, :, :m]
-
-
-def attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, reference, *,
-              interpret: bool = False) -> jax.Array:
-  """Softmax attention of each kv head's M query rows over S key slots as `visible_BxMxS`
-  allows, float32 `[B, K, M, H]`; differentiated as `reference` (the same signature, less
-  `reference`) is."""
-
-  @jax.custom_vjp
-  def fn(q, k, v):
-    return call_kernel(q, k, v, visible_BxMxS, interpret=interpret)
-
-  def forward(q, k, v):
-    return fn(q, k, v), (q, k, v)
-
-  def backward(res, g):
-    return jax.vjp(lambda *x: reference(*x, visible_BxMxS), *res)[1](g)
-
-  fn.defvjp(forward, backward)
-  return fn(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH)

@@ -36,7 +36,8 @@ call. A tree verify writes a node at its index among the tree's nodes, so each o
 attends over a copy of the keys laid out as the chain it ends (`_as_chains`). Tensor parallelism
 across layouts is not invariant (a split contraction's partial sums add in another order).
 A gradient needs no fixed order: a row-wise step of several tiles is differentiated as one call
-over all its rows (`row_map`'s `rowwise`), which costs what fast numerics' backward does.
+over all its rows (`row_map`'s `rowwise`), attention as XLA's own over the same inputs
+(`plain_attention`), which costs what fast numerics' backward does.
 """
 
 from __future__ import annotations
@@ -222,12 +223,43 @@ def attention(q_BxTxNxH, k_BxKxHxS, v_BxKxSxH, visible_BxTxS, live_slots=None) -
   vis_BxMxS = jnp.broadcast_to(visible_BxTxS[:, None], (b, g, t, s)).reshape(b, g * t, s)
   kernel = KERNEL or ("pallas" if jax.default_backend() == "gpu" else "jnp")
   if kernel == "jnp":
-    out_BxKxMxH = jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, vis_BxMxS, live_slots)
+    ordered = lambda q, k, v: jnp_attention(q, k, v, vis_BxMxS, live_slots)
   else:
-    out_BxKxMxH = invariant_pallas.attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, vis_BxMxS,
-                                             jnp_attention, interpret=kernel == "interpret")
+    ordered = lambda q, k, v: invariant_pallas.call_kernel(q, k, v, vis_BxMxS,
+                                                           interpret=kernel == "interpret")
+  out_BxKxMxH = _differentiated_plainly(ordered, vis_BxMxS)(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH)
   out = out_BxKxMxH.reshape(b, kh, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
   return out.astype(v_BxKxSxH.dtype)
+
+
+def _differentiated_plainly(ordered, visible_BxMxS):
+  """`ordered` (queries, keys, values -> `[B, K, M, H]` float32, in a fixed order),
+  differentiated as `plain_attention`, the same function in XLA's own order: a gradient needs
+  no fixed order, and the loops over query tiles and exponentials' tiles, differentiated step
+  by step, cost the `tiny` update 1.9x fast numerics' (1.3x so)."""
+
+  @jax.custom_vjp
+  def fn(q, k, v):
+    return ordered(q, k, v)
+
+  def forward(q, k, v):
+    return fn(q, k, v), (q, k, v)
+
+  def backward(residuals, cotangent):
+    return jax.vjp(lambda *x: plain_attention(*x, visible_BxMxS), *residuals)[1](cotangent)
+
+  fn.defvjp(forward, backward)
+  return fn
+
+
+def plain_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS) -> jax.Array:
+  """`jnp_attention`'s function (less `live_slots`) in XLA's own order, float32 `[B, K, M, H]`:
+  one softmax over every slot (a query that sees none averages every value, as there)."""
+  scale = jnp.sqrt(jnp.float32(q_BxKxMxH.shape[-1]))
+  scores = jnp.einsum("bkmh,bkhs->bkms", q_BxKxMxH, k_BxKxHxS,
+                      preferred_element_type=jnp.float32) / scale
+  weights = jax.nn.softmax(jnp.where(visible_BxMxS[:, None], scores, _NEG), axis=-1)
+  return jnp.einsum("bkms,bksh->bkmh", weights, v_BxKxSxH.astype(jnp.float32))
 
 
 def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=None) -> jax.Array:
