@@ -194,6 +194,24 @@ def test_an_invariant_model_s_cache_is_laid_out_for_its_attention_whatever_the_e
     model(jnp.zeros((2, 1), jnp.int32), wrong)
 
 
+@pytest.mark.parametrize("numerics", ["fast", "invariant"])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_step_on_a_cache_writes_it_in_place(rows, numerics):
+  """A decode step's program on a donated cache copies none of its arrays: at one row XLA:CPU
+  would write each layer's invariant cache twice, into copies, unless the attention reads it in
+  a branch."""
+  model = _model("float32", numerics)
+  graphdef, state = nnx.split(model)
+  cache = kvc.init_cache(model.cfg, rows, 2 * invariant.KEY_BLOCK).replace(
+      lengths_B=jnp.full((rows,), 40, jnp.int32))
+  step = jax.jit(lambda s, c, x: nnx.merge(graphdef, s)(x, c).cache, donate_argnums=1)
+  program = step.lower(state, cache, jnp.ones((rows, 1), jnp.int32)).compile().as_text()
+  shapes = {"f32[" + ",".join(map(str, a.shape)) + "]" for a in cache.k + cache.v}
+  copies = [line for line in program.splitlines() if " copy(" in line
+            and line.split("= ", 1)[-1].split("{", 1)[0] in shapes]
+  assert not copies, copies[:2]
+
+
 def test_the_log_probs_a_gradient_program_computes_are_the_forward_s():
   """The update recomputes the rollout's log-probs inside its gradient program, where XLA fuses
   the log-softmax otherwise: over SmolLM2's 49k vocabulary, under XLA's default flags (the

@@ -24,9 +24,10 @@ split-K by shape. So here no reduction's shape depends on the call:
   computes a tile of 8 or more otherwise than one of 4). The softmax's maximum is
   exact in any order; the blocks' partial sums are added one after another in slot order, so
   the blocks a query does not see (past its position, or past a shorter call's last slot) add
-  exact zeros. A step on a large cache (`LIVE_BYTES`) reads only its first blocks, as many as
-  the smallest power of two that holds its longest row's end (a `lax.switch`): the same sums,
-  less the zeros, at most twice the prefix's cost rather than the cache's.
+  exact zeros. A step on a large cache (`LIVE_BYTES`), or of one row, reads only its first
+  blocks, as many as the smallest power of two that holds its longest row's end (a
+  `lax.switch`): the same sums, less the zeros, at most twice the prefix's cost rather than the
+  cache's.
 The cache of a model in this mode is laid out for it (`kv_cache.init_cache`: keys `[B, K, H, S]`
 and values `[B, K, S, H]`, slots in whole key blocks), so a step reads its blocks where they lie,
 with no copy of the cache (keys `[B, K, S, H]` cost a transpose a product: 5x the scores').
@@ -266,18 +267,15 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
   """Each kv head's M query rows over S key slots as `visible_BxMxS` allows, float32 `[B, K, M,
   H]`, in `jnp` in the order the module docstring fixes. With `live_slots` (a traced count: no
   query sees a slot at or past it; a call on a cache, never differentiated), a call of few query
-  tiles whose keys and values exceed `LIVE_BYTES` reads only the first blocks that hold those
-  slots, as many as the smallest power of two (or all) that covers them, one branch of a
-  `lax.switch` each: a block past them would add exact zeros, so the result is the same, and the
-  step costs at most twice the prefix it attends to, not the cache's length (below `LIVE_BYTES`
-  the branches cost compiles and no time)."""
+  tiles whose keys and values exceed `LIVE_BYTES`, or of one row, reads only the first blocks
+  that hold those slots, as many as the smallest power of two (or all) that covers them, one
+  branch of a `lax.switch` each: a block past them would add exact zeros, so the result is the
+  same, and the step costs at most twice the prefix it attends to, not the cache's length
+  (below `LIVE_BYTES` the branches cost compiles and little time, except at one row)."""
   b, kh, m, h = q_BxKxMxH.shape
   s = k_BxKxHxS.shape[3]
   nb = -(-s // KEY_BLOCK)
   pad = nb * KEY_BLOCK - s
-  keys_BxKxHxS = jnp.pad(k_BxKxHxS, [(0, 0), (0, 0), (0, 0), (0, pad)])
-  values_BxKxJxCxH = jnp.pad(v_BxKxSxH.astype(jnp.float32), [(0, 0), (0, 0), (0, pad), (0, 0)]
-                             ).reshape(b, kh, nb, KEY_BLOCK, h)
   # The query rows in I tiles of Q rows: one tile of them all in a decode step or a verify (at
   # least two: one row takes a matrix-vector kernel), else tiles of Q_TILE (zero rows pad both).
   few = m <= FEW_ROWS
@@ -302,10 +300,16 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
                       loop=True)
     return p.reshape(scores_xQxC.shape), sums.reshape(top.shape)
 
+  def blocks(k_BxKxHxS, v_BxKxSxH):
+    """The keys `[B, K, H, J * C]` and the float32 values `[B, K, J, C, H]` in whole blocks."""
+    return (jnp.pad(k_BxKxHxS, [(0, 0), (0, 0), (0, 0), (0, pad)]),
+            jnp.pad(v_BxKxSxH.astype(jnp.float32), [(0, 0), (0, 0), (0, pad), (0, 0)]
+                    ).reshape(b, kh, nb, KEY_BLOCK, h))
+
   # Each step on tiles `[I, ...]` (I query tiles) over the first `j` blocks, its products in
   # loops of one shape, one tile a step, each batched over all leading axes (every element runs
   # alike whatever the batch).
-  def scores_of(j, q_1xBxKxQxH):
+  def scores_of(j, keys_BxKxHxS, q_1xBxKxQxH):
     s_BxKxQxS = jax.lax.dot_general(q_1xBxKxQxH[0], keys_BxKxHxS[..., :j * KEY_BLOCK],
                                     (((3,), (2,)), ((0, 1), (0, 1))),
                                     preferred_element_type=jnp.float32)
@@ -316,7 +320,7 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
     x = jnp.where(seen, scores_IxBxKxJxQxC / jnp.sqrt(jnp.float32(h)), _NEG)
     return exps(x, jnp.max(x, axis=(3, 5), keepdims=True), tile)  # the maximum: exact
 
-  def values_of(p_1xBxKxJxQxC, sums_1xBxKxJxQx1):
+  def values_of(values_BxKxJxCxH, p_1xBxKxJxQxC, sums_1xBxKxJxQx1):
     """The weighted values of each block and, beside them, its weights' sum."""
     p = p_1xBxKxJxQxC[0]
     values = values_BxKxJxCxH[:, :, :p.shape[2]]
@@ -330,23 +334,29 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
       total = total + part_IxBxKxJxQxH1[:, :, :, j]
     return total[..., :h] / total[..., h:]  # at least 1: a row's largest weight is exp(0)
 
-  def tile(j, q, vis):  # a query tile all the way over the first j blocks
-    return normalised(values_of(*weights_of(scores_of(j, q), vis[:, :, :j])))
+  def tile(j, q, vis, k, v):  # a query tile all the way over the first j blocks
+    keys, values = blocks(k, v)
+    return normalised(values_of(values, *weights_of(scores_of(j, keys, q), vis[:, :, :j])))
 
   if few:  # a decode step or a verify: its one tile all the way
     read = b * kh * s * h * (k_BxKxHxS.dtype.itemsize + v_BxKxSxH.dtype.itemsize)
     every = functools.partial(tile, nb)
-    if live_slots is not None and read > LIVE_BYTES:  # the same sums either way
+    # One row reads its blocks in the switch whatever their bytes: XLA:CPU drops a batch axis of
+    # one from the read, then fuses the cache's write into the read a second time (three copies
+    # of each layer's cache a step) unless the read lies in a branch (and its blocks with it).
+    if live_slots is not None and (read > LIVE_BYTES or b == 1):  # the same sums either way
       counts = [1 << i for i in range((nb - 1).bit_length())] + [nb]
       live = -(-live_slots // KEY_BLOCK)
       branch = sum((live > c).astype(jnp.int32) for c in counts[:-1])
-      every = lambda q, vis: jax.lax.switch(branch, [functools.partial(tile, c) for c in counts],
-                                            q, vis)
-    out_IxBxKxQxH = every(q_IxBxKxQxH, vis_IxBxJxQxC)
+      every = lambda *args: jax.lax.switch(branch, [functools.partial(tile, c) for c in counts],
+                                           *args)
+    out_IxBxKxQxH = every(q_IxBxKxQxH, vis_IxBxJxQxC, k_BxKxHxS, v_BxKxSxH)
   else:  # the same steps, each over every tile
-    scores = row_map(functools.partial(scores_of, nb), q_IxBxKxQxH, tile=1, rowwise=False)
+    keys, values = blocks(k_BxKxHxS, v_BxKxSxH)
+    scores = row_map(functools.partial(scores_of, nb, keys), q_IxBxKxQxH, tile=1, rowwise=False)
     p, sums = weights_of(scores, vis_IxBxJxQxC, LONG_EXP_TILE)
-    out_IxBxKxQxH = normalised(row_map(values_of, p, sums, tile=1, rowwise=False))
+    out_IxBxKxQxH = normalised(row_map(functools.partial(values_of, values), p, sums, tile=1,
+                                       rowwise=False))
   return out_IxBxKxQxH.transpose(1, 2, 0, 3, 4).reshape(b, kh, padded, h)[:, :, :m]
 
 
