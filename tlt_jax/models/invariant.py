@@ -15,13 +15,13 @@ split-K by shape. So here no reduction's shape depends on the call:
 - attention reads the keys in blocks of `KEY_BLOCK` slots. A kv head's query rows (its heads
   times the call's tokens, at least two) meet them in products batched over
   (row, kv head[, block]): the scores one product with a row's keys (a score is a sum over the
-  head's H alone), the weighted values one product per block, the weights and their sums in a
-  loop over tiles of `EXP_TILE` rows of a block (`LONG_EXP_TILE` in a prefill or a full
-  forward). Each element of these products runs alike whatever the number of query rows (from
-  two: one takes a matrix-vector kernel), slots or batch elements (tests/models/test_invariant.py
-  holds XLA to it), so a decode step or a verify (up to `FEW_ROWS` query rows) runs all its rows
-  in one product, a prefill or a full forward `Q_TILE` rows a loop step (with heads of 8, XLA:CPU
-  computes a tile of 8 or more otherwise than one of 4). The softmax's maximum is
+  head's H alone), the weighted values one product per block, the weights and their sums (a
+  tree of elementwise adds over a block) in a branch of their own. Each element of these runs
+  alike whatever the number of query rows (from two: one takes a matrix-vector kernel), slots
+  or batch elements (tests/models/test_invariant.py holds XLA to it), so a decode step or a
+  verify (up to `FEW_ROWS` query rows) runs all its rows in one product, a prefill or a full
+  forward `Q_TILE` rows a loop step (with heads of 8, XLA:CPU computes a tile of 8 or more
+  otherwise than one of 4). The softmax's maximum is
   exact in any order; the blocks' partial sums are added one after another in slot order, so
   the blocks a query does not see (past its position, or past a shorter call's last slot) add
   exact zeros. A step on a large cache (`LIVE_BYTES`), or of one row, reads only its first
@@ -61,10 +61,9 @@ ROW_TILE = 16   # rows of a row-wise step's tile on every backend; its loop's ti
 # picks its algorithm by shape, so elsewhere every step runs ROW_TILE.
 CANDIDATE_TILES = {"cpu": (2, 4, 8, 16, 32)}
 KEY_BLOCK = INVARIANT_BLOCK  # key slots of each attention block (a cache's slots: whole blocks)
+assert KEY_BLOCK & (KEY_BLOCK - 1) == 0, "a block's weights add in halves: a power of two"
 Q_TILE = 4      # query rows (of one kv head) of each attention product in a prefill: its granule
 FEW_ROWS = 64   # query rows of a kv head up to which a call runs them in one product
-EXP_TILE = 64   # rows of a key block's scores a step of the softmax's exponentials takes
-LONG_EXP_TILE = 512  # the same in a prefill or a full forward (XLA:CPU: alike from 64 rows)
 # The attention's implementation: None picks by backend ("pallas" on a GPU, else "jnp");
 # "interpret" runs the Pallas kernel interpreted (tests on CPU).
 KERNEL: str | None = None
@@ -133,56 +132,33 @@ def row_tile(rows: int, tiles: tuple[int, ...]) -> int:
 
 
 def row_map(fn, *arrays_R, tiles: tuple[int, ...] = (ROW_TILE,), tile: int | None = None,
-            loop: bool = False, rowwise: bool = True):
+            rowwise: bool = True):
   """`fn` over tiles of `tile` rows (default `row_tile(R, tiles)`) of arrays with R leading rows
   (zero rows pad the last tile; they are cut off again); `fn` maps tiles `[tile, ...]` to a pytree
   of them. Several tiles run in a loop (`lax.map`), one loop body of one shape; a single tile runs
-  as that body between optimisation barriers, which keep XLA from fusing its operations with what
-  surrounds it, so a call of up to `tile` rows costs one tile and no loop. With `loop`, a single
-  tile runs in a loop too (`_once_in_a_loop`): XLA:CPU rounds an exponential inside a loop body
-  otherwise than outside one.
+  as that body between optimisation barriers (XLA:CPU fuses elementwise operations across them
+  all the same: a tile's products are what keep their shape), so a call of up to `tile` rows
+  costs one tile and no loop.
   A `rowwise` `fn` (one that maps any number of rows, row by row) differentiates a call of
-  several tiles, or one in a loop, as `fn` over all its rows at once (`_untiled_gradient`)."""
+  several tiles as `fn` over all its rows at once (`_untiled_gradient`)."""
   r = arrays_R[0].shape[0]
   tile = row_tile(r, tiles) if tile is None else tile
   real = -(-r // tile)
-  steps = max(real, 2) if loop else real
 
   def tiled(fn, *arrays_R):
-    pad = steps * tile - r
+    pad = real * tile - r
     tiles = tuple(jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)).reshape(
         -1, tile, *a.shape[1:]) for a in arrays_R)
     if real >= 2:
       out = jax.lax.map(lambda xs: fn(*xs), tiles)
-    elif loop:
-      out = _once_in_a_loop(fn, tiles)
     else:
       barrier = jax.lax.optimization_barrier
       out = jax.tree.map(lambda y: y[None], barrier(fn(*barrier(tuple(t[0] for t in tiles)))))
     return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:])[:r], out)
 
-  if rowwise and (real >= 2 or loop):  # (a `while_loop` has no reverse-mode derivative)
+  if rowwise and real >= 2:
     return _untiled_gradient(fn, tiled, tile, arrays_R)
   return tiled(fn, *arrays_R)
-
-
-def _once_in_a_loop(fn, tiles):
-  """`fn` on the first of two tiles (`tiles`: `[2, tile, ...]` each, the second padding) as the
-  body of a loop built as `lax.map`'s is (the tile sliced at the step's index, the result
-  written at it) that runs one step, a count XLA cannot see (it comes through an optimisation
-  barrier): a loop XLA knows to run once is inlined, and a slice of an axis of one is no
-  longer indexed by the step, either of which rounds an exponential otherwise."""
-  shapes = jax.eval_shape(fn, *(jax.ShapeDtypeStruct(t.shape[1:], t.dtype) for t in tiles))
-  out = jax.tree.map(lambda s: jnp.zeros((2, *s.shape), s.dtype), shapes)
-  steps = jax.lax.optimization_barrier(jnp.int32(1))
-
-  def body(carry):
-    i, out = carry
-    y = fn(*(jax.lax.dynamic_index_in_dim(t, i, keepdims=False) for t in tiles))
-    return i + 1, jax.tree.map(lambda o, y: jax.lax.dynamic_update_index_in_dim(o, y, i, 0),
-                               out, y)
-
-  return jax.lax.while_loop(lambda carry: carry[0] < steps, body, (jnp.int32(0), out))[1]
 
 
 def _untiled_gradient(fn, tiled, tile: int, arrays_R):
@@ -236,8 +212,8 @@ def attention(q_BxTxNxH, k_BxKxHxS, v_BxKxSxH, visible_BxTxS, live_slots=None) -
 def _differentiated_plainly(ordered, visible_BxMxS):
   """`ordered` (queries, keys, values -> `[B, K, M, H]` float32, in a fixed order),
   differentiated as `plain_attention`, the same function in XLA's own order: a gradient needs
-  no fixed order, and the loops over query tiles and exponentials' tiles, differentiated step
-  by step, cost the `tiny` update 1.88x fast numerics' (1.24x so)."""
+  no fixed order, and the loop over query tiles and the exponentials' branch, differentiated
+  step by step, would cost the update a backward of small steps where XLA's is one of each."""
 
   @jax.custom_vjp
   def fn(q, k, v):
@@ -286,19 +262,22 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
   vis_IxBxJxQxC = jnp.pad(visible_BxMxS, [(0, 0), (0, padded - m), (0, pad)]).reshape(
       b, -1, rows, nb, KEY_BLOCK).transpose(1, 0, 3, 2, 4)
 
-  def exps(scores_xQxC, top_xQx1, tile):
+  def exps(x_xQxC, top_xQx1):
     """The weights and, per row of a block, their sum (a slot no query sees has a score of
-    `_NEG`: its weight is an exact zero, except in a padding row, which sees none). XLA:CPU
-    computes exp otherwise in a vectorised loop and in its scalar remainder, where an element
-    falls by the array's shape, and a sum by the rows it holds: both in a loop step of one
-    shape."""
-    def fn(x_RxC, top_Rx1):
-      p_RxC = jnp.exp(x_RxC - top_Rx1)
-      return p_RxC, p_RxC.sum(axis=1, keepdims=True)
-    top = jnp.broadcast_to(top_xQx1, scores_xQxC.shape[:-1] + (1,))
-    p, sums = row_map(fn, scores_xQxC.reshape(-1, KEY_BLOCK), top.reshape(-1, 1), tile=tile,
-                      loop=True)
-    return p.reshape(scores_xQxC.shape), sums.reshape(top.shape)
+    `_NEG`: its weight is an exact zero, except in a padding row, which sees none), in a branch
+    of a conditional XLA cannot resolve (its predicate comes through an optimisation barrier):
+    XLA:CPU computes a fused exponential in a vectorised loop and its scalar remainder, an
+    element falling in either by the fusion's shape, unless the branch's parameters hold it.
+    A sum adds the block's halves elementwise down to one slot: one order in any shape."""
+    def fn(x_xQxC, top_xQx1):
+      p_xQxC = jnp.exp(x_xQxC - top_xQx1)
+      sums = p_xQxC
+      while sums.shape[-1] > 1:
+        half = sums.shape[-1] // 2
+        sums = sums[..., :half] + sums[..., half:]
+      return p_xQxC, sums
+    taken = jax.lax.optimization_barrier(jnp.bool_(True))
+    return jax.lax.cond(taken, fn, fn, x_xQxC, top_xQx1)
 
   def blocks(k_BxKxHxS, v_BxKxSxH):
     """The keys `[B, K, H, J * C]` and the float32 values `[B, K, J, C, H]` in whole blocks."""
@@ -315,10 +294,10 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
                                     preferred_element_type=jnp.float32)
     return s_BxKxQxS.reshape(b, kh, rows, j, KEY_BLOCK).transpose(0, 1, 3, 2, 4)[None]
 
-  def weights_of(scores_IxBxKxJxQxC, vis_IxBxJxQxC, tile=EXP_TILE):
+  def weights_of(scores_IxBxKxJxQxC, vis_IxBxJxQxC):
     seen = jnp.broadcast_to(vis_IxBxJxQxC[:, :, None], scores_IxBxKxJxQxC.shape)
     x = jnp.where(seen, scores_IxBxKxJxQxC / jnp.sqrt(jnp.float32(h)), _NEG)
-    return exps(x, jnp.max(x, axis=(3, 5), keepdims=True), tile)  # the maximum: exact
+    return exps(x, jnp.max(x, axis=(3, 5), keepdims=True))  # the maximum: exact
 
   def values_of(values_BxKxJxCxH, p_1xBxKxJxQxC, sums_1xBxKxJxQx1):
     """The weighted values of each block and, beside them, its weights' sum."""
@@ -354,7 +333,7 @@ def jnp_attention(q_BxKxMxH, k_BxKxHxS, v_BxKxSxH, visible_BxMxS, live_slots=Non
   else:  # the same steps, each over every tile
     keys, values = blocks(k_BxKxHxS, v_BxKxSxH)
     scores = row_map(functools.partial(scores_of, nb, keys), q_IxBxKxQxH, tile=1, rowwise=False)
-    p, sums = weights_of(scores, vis_IxBxJxQxC, LONG_EXP_TILE)
+    p, sums = weights_of(scores, vis_IxBxJxQxC)
     out_IxBxKxQxH = normalised(row_map(functools.partial(values_of, values), p, sums, tile=1,
                                        rowwise=False))
   return out_IxBxKxQxH.transpose(1, 2, 0, 3, 4).reshape(b, kh, padded, h)[:, :, :m]
