@@ -59,7 +59,7 @@ def test_a_part_cut_short_in_transit_is_one_line(tmp_path):
     gpu_bundle.join(str(bundle))
 
 
-@pytest.mark.slow  # the proof's launcher end to end: two GRPO runs, rollouts, costs (~1 min)
+@pytest.mark.slow  # the proof's launcher end to end: four GRPO runs, rollouts, costs (~2.5 min)
 def test_the_dry_run_writes_every_phase_and_a_second_call_goes_on_where_it_stopped(tmp_path):
   out = last_json(run_module("experiments.gpu_proof", "--dry_run", f"--out_dir={tmp_path}"))
   assert out["phases"] == list(proof.PHASES)
@@ -79,6 +79,10 @@ def test_the_dry_run_writes_every_phase_and_a_second_call_goes_on_where_it_stopp
   assert grpo["rollout_speedup"] > 0 and grpo["amdahl_bound"] > 0
   fixed = read("invariant")["cells"]  # CPU, float32: equal rows in either numerics
   assert [(c["rows"], c["arm"], c["differing_rows"]) for c in fixed] == [(1, "eagle_d2", 0.0)]
+  replayed = read("replay")  # CPU, float32, invariant: replay is the run without it
+  assert replayed["rewards_identical"] and replayed["first_parting_step"] is None
+  assert replayed["steps"] == 2 and replayed["replay_fraction"][-1] > 0
+  assert replayed["logprob_mismatch_max"] == 0.0
   buffers = read("command_buffers")  # each setting in its own process, none rejected on CPU
   assert [r["name"] for r in buffers["settings"]] == ["default", "none"]
   assert all(r["steps"][0]["step_ms"] > 0 for r in buffers["settings"])

@@ -12,6 +12,8 @@ context returning the phase's JSON:
               fraction of rows equal to plain decoding
   invariant   the same measurement in the `invariant` numerics: rows equal to plain sampling
               (every row, where the fixed orders hold on this device) and the speedup there
+  replay      the `tiny` GRPO run of `bench_replay` with replay and without, in the `invariant`
+              numerics: the first step where their rewards part (none, where the orders hold)
   command_buffers  the engine's decode step in a fresh process under each XLA command-buffer
               setting (CUDA graphs XLA:GPU captures, loops among them or not)
   costs_grid  the rest of the c(B, T) grid and the draft step d(B, 1)
@@ -38,8 +40,10 @@ import jax
 import numpy as np
 
 from experiments.benchmarks import gpu as gpu_bench
+from experiments.benchmarks import replay as replay_bench
 from experiments.benchmarks import spec as spec_bench
 from experiments.benchmarks.cost import cost_table
+from experiments.configs import bench_replay as replay_config
 from experiments.configs import gpu_proof as proof_config
 from tlt_jax.kernels.attention import resolve_impl
 from tlt_jax.drafter.costs import measure_cost_table, needed_cells
@@ -61,7 +65,8 @@ from tlt_jax.spec.strategy import SpecConfig, strategy_from_tuple
 from tlt_jax.workloads import (WorkloadConfig, build_drafter, build_workload, drafter_recipe,
                                workload_config)
 
-PHASES = ("grpo", "costs", "rollouts", "invariant", "command_buffers", "costs_grid", "large")
+PHASES = ("grpo", "costs", "rollouts", "invariant", "replay", "command_buffers", "costs_grid",
+          "large")
 # The update's parts of a memory plan (the rest is the rollout's, which an update step alone
 # does not hold).
 UPDATE_PARTS = ("parameters", "optimizer state", "gradients", "micro-batch gradient",
@@ -207,6 +212,36 @@ def invariant(ctx: Context) -> dict:
           "cells": [{k: r[k] for k in ("rows", "arm", "speedup", "accept_len", "accept_len_to_eos",
                                        "identical", "differing_rows", "plain_step_ms",
                                        "sd_step_ms")} for r in cells]}
+
+
+def replay(ctx: Context) -> dict:
+  """`bench_replay`'s `tiny` run (prompt-addressed noise, its config's `replay.variant`) with
+  replay and without, in the `invariant` numerics: every step's reward the same where the fixed
+  orders hold on this device (in `fast` numerics an H200 parted the two at step 18). Skipped
+  whole where the budget has less than `replay.needs_s` left."""
+  r = ctx.c.replay
+  if ctx.left() < r.needs_s:
+    return {"skipped": ["replayed", "fresh"]}
+  c = replay_config.get_config(r.variant)
+  c.model.numerics = "invariant"
+  c.train.update(dict(steps=r.steps, eval_every=0))
+  out = os.path.join(ctx.c.out_dir, "replay")
+  records = {name: replay_bench.run(c, out, name, c.seed, "prompt",
+                                    replay=name == "replayed")["records"]
+             for name in ("replayed", "fresh")}
+  rewards = {name: [m["reward"] for m in rs] for name, rs in records.items()}
+  parted = [m["step"] for m, a, b in zip(records["fresh"], rewards["fresh"],
+                                          rewards["replayed"]) if a != b]
+  rollout_s = {name: sum(m["rollout_s"] for m in rs[1:]) for name, rs in records.items()}
+  return {"steps": r.steps, "rewards_identical": not parted,
+          "first_parting_step": parted[0] if parted else None,
+          "rollout_speedup": round(rollout_s["fresh"] / rollout_s["replayed"], 3)
+          if rollout_s["replayed"] else None,
+          "replay_fraction": [round(m["rollout/replay_fraction"], 4)
+                              for m in records["replayed"]],
+          "logprob_mismatch_max": max(m["train/logprob_mismatch_max"]
+                                      for rs in records.values() for m in rs),
+          "skipped": []}
 
 
 def command_buffers(ctx: Context) -> dict:
@@ -381,7 +416,8 @@ def _update_step(cfg: ModelConfig, d) -> tuple[float, float | None]:
 
 
 FUNCTIONS = {"costs": costs, "rollouts": rollouts, "grpo": grpo, "invariant": invariant,
-             "command_buffers": command_buffers, "costs_grid": costs_grid, "large": large}
+             "replay": replay, "command_buffers": command_buffers, "costs_grid": costs_grid,
+             "large": large}
 
 
 def markdown(results: dict, header: str) -> str:
@@ -411,6 +447,12 @@ def markdown(results: dict, header: str) -> str:
     lines += ["", f"`invariant` numerics, T = {iv['temperature']}, {iv['new_tokens']} tokens a row: "
               + "; ".join(f"{r['arm']} from {r['rows']} rows {r['speedup']}x plain, rows equal "
                           f"{round(1 - r['differing_rows'], 3)}" for r in iv["cells"]) + "."]
+  rp = results.get("replay")
+  if rp and not rp["skipped"]:
+    lines += ["", f"Replay in the `invariant` numerics, `tiny`, {rp['steps']} steps: rewards "
+              f"identical {rp['rewards_identical']} (first parting step "
+              f"{rp['first_parting_step']}), rollout {rp['rollout_speedup']}x, "
+              f"`logprob_mismatch_max` {rp['logprob_mismatch_max']}."]
   cb = results.get("command_buffers")
   if cb:
     steps = lambda r: ", ".join(f"{x['step_ms']} ms at {x['rows']} rows" for x in r["steps"])

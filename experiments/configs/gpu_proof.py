@@ -4,7 +4,8 @@ on one GPU. Its phases (`experiments/benchmarks/proof.py`) in order of value: GR
 compares the two runs, not their accuracy), the costs the first rollout cells are priced with,
 the rollout cells (plain against an EAGLE chain of 3 and two EAGLE-2 trees of TLT's GPU sizes,
 from 1, 4, 16 and 64 rows, 256 tokens each, at T = 0.9 under `coupled` and at T = 0), the EAGLE
-chain against plain sampling in the `invariant` numerics (rows equal), the engine's decode step
+chain against plain sampling in the `invariant` numerics (rows equal), the `tiny` replay run
+with and without replay in that numerics (the same rewards at every step), the engine's decode step
 under each XLA command-buffer setting, the rest of the cost grid, and the Qwen2.5-1.5B shape's
 costs and update step. docs/GPU.md says how a window runs it.
 
@@ -44,6 +45,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.invariant = ml_collections.ConfigDict(dict(
       arms=(("eagle", 2, 0),) if dry else (("eagle", 3, 0),), rows=(1,) if dry else (1, 4),
       new_tokens=8 if dry else 128, repeats=1 if dry else 3))
+  # `replay`: bench_replay.py's run of this variant, `steps` steps, with replay and without, in
+  # the invariant numerics; skipped where the budget has less than `needs_s` left
+  c.replay = ml_collections.ConfigDict(dict(
+      variant="small" if dry else "speed", steps=2 if dry else 40, needs_s=0 if dry else 240))
   # XLA_FLAGS settings of `command_buffers`, each in a fresh process: XLA's own, none, and whole
   # loops captured too (the decode dispatch is a while loop of 8 steps)
   c.command_buffers = ml_collections.ConfigDict(dict(
