@@ -12,7 +12,7 @@ from flax import nnx
 
 from experiments import gpu_bundle
 from experiments.benchmarks import gpu, proof
-from experiments.configs import bench_gpu, smollm2_tlt, tiny_tlt
+from experiments.configs import bench_gpu, bench_spec_smollm2, smollm2_tlt, tiny_tlt
 from experiments.configs import gpu_proof as proof_config
 from tests.test_launchers import last_json, run_module
 from tlt_jax.drafter import warmup
@@ -21,7 +21,7 @@ from tlt_jax.models.pretrained import smollm2_gguf_path
 from tlt_jax.rl.compare import read_metrics
 from tlt_jax.rl.config import run_config
 from tlt_jax.rl.run import run_stages
-from tlt_jax.workloads import drafter_key, drafter_recipe
+from tlt_jax.workloads import drafter_key, drafter_recipe, workload_config
 
 
 def test_the_bundle_s_parts_joined_in_the_manifest_s_order_give_the_gguf(tmp_path):
@@ -144,8 +144,23 @@ def test_init_from_a_drafter_that_is_not_there_or_beside_a_model_is_one_line(tmp
   with pytest.raises(ConfigError, match="shipped names"):
     run_config(c)
   c.drafter = dict(init_from="demo", model=dict(draft_vocab=16))
-  with pytest.raises(ConfigError, match="leave drafter.model empty"):
+  with pytest.raises(ConfigError, match=r"^config.drafter.model.draft_vocab: 16, but .* empty"):
     run_config(c)
+
+
+def test_a_recipe_config_starts_from_its_shipped_drafter_with_init_from_alone():
+  """`bench_spec_smollm2`'s drafter recipe at T = 0 keys a drafter no one shipped (a warm-up
+  would train it); `--config.drafter.init_from=smollm2` beside the recipe's `model`, which
+  restates the shipped drafter's, loads that one instead."""
+  c = bench_spec_smollm2.get_config()
+  c.rollout.temperature = 0.0
+  recipe = drafter_recipe(c.drafter, other_keys=("adaptive",))
+  assert drafter_key(workload_config(c), recipe, c.seed) not in {
+      v["key"] for v in warmup.shipped_drafters().values()}
+  c.drafter.init_from = "smollm2"
+  started = drafter_recipe(c.drafter, other_keys=("adaptive",))
+  assert started.init_from == "smollm2"
+  assert started.model == warmup.drafter_artifact_config(warmup.resolve_drafter("smollm2"))
 
 
 def test_smollm2_tlt_and_bench_gpu_start_from_the_shipped_drafter_in_bf16():

@@ -386,7 +386,8 @@ class DrafterRecipe:
   policy's rollouts of `warmup_prompts` prompts (the run's seed + 1) with `model`, `train` and
   `warmup`; or, with `init_from` (a shipped drafter's name or an artifact directory), that
   drafter as it is, whatever the run's sampling settings, with no warm-up (`model` is then
-  the artifact's)."""
+  the artifact's: a `model` section beside it may only restate the artifact's values, so a
+  recipe's config starts from its shipped drafter with `init_from` alone)."""
 
   model: DrafterConfig
   train: DrafterTrainConfig
@@ -402,13 +403,17 @@ def drafter_recipe(section: Mapping, other_keys=()) -> DrafterRecipe:
                  ("model", "train", "warmup", "warmup_prompts", "init_from", *other_keys))
   init_from = str(d.get("init_from") or "")
   if init_from:
-    if d.get("model"):
-      raise ConfigError("config.drafter.model: a drafter started from config.drafter.init_from "
-                        "has that artifact's architecture; leave drafter.model empty.")
     try:
       model = drafter_artifact_config(resolve_drafter(init_from))
     except FileNotFoundError as e:
       raise ConfigError(f"config.drafter.init_from: {e}") from None
+    stated = dict(d.get("model") or {})
+    given = typed(DrafterConfig, stated, "drafter.model")
+    for key in stated:
+      if getattr(given, key) != getattr(model, key):
+        raise ConfigError(f"config.drafter.model.{key}: {getattr(given, key)!r}, but the drafter "
+                          f"of config.drafter.init_from has {getattr(model, key)!r}; leave "
+                          "drafter.model empty or give the artifact's values.")
   else:
     model = typed(DrafterConfig, d.get("model"), "drafter.model")
   return DrafterRecipe(model=model,
