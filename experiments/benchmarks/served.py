@@ -148,30 +148,36 @@ def _features(out, features):
 
 def torch_accept_len(target_hf, drafter, prompts, n_new: int, depth: int = 3,
                      stop_ids=()) -> float:
-  """Greedy chain speculative decoding in PyTorch alone: `target_hf` (Hugging Face) verifies
-  `depth` drafts of `drafter` (`Eagle1` or `Eagle3`) per step; the mean tokens emitted per step
-  (the target's next token and the drafts it accepts), each row ending at `n_new` tokens or a
-  stop token."""
+  """Greedy chain speculative decoding in PyTorch alone, as a server runs it: `target_hf` (Hugging
+  Face, with its KV cache) verifies `depth` drafts of `drafter` (`Eagle1` or `Eagle3`) per step
+  in one forward over the step's token and its drafts, and its cache keeps the accepted ones; the
+  mean tokens emitted per step (the target's next token and the drafts it accepts), each row
+  ending at `n_new` tokens or a stop token."""
+  import transformers  # the test extra's
   emitted = []
   with torch.no_grad():
     for prompt in prompts:
       seq, new, done = torch.tensor(prompt), 0, False
+      cache = transformers.DynamicCache()
+      out = target_hf(seq[None], past_key_values=cache, use_cache=True, output_hidden_states=True)
+      feats, nxt = _features(out, drafter.features), out.logits[0, -1].argmax()
       while new < n_new and not done:
-        out = target_hf(seq[None], output_hidden_states=True)
-        nxt = out.logits[0, -1].argmax()
-        drafts = drafter.draft(torch.cat([seq[1:], nxt.view(1)]),
-                               _features(out, drafter.features), depth)
-        cand = torch.cat([seq, nxt.view(1), torch.tensor(drafts)])
-        preds = target_hf(cand[None]).logits[0, len(seq):len(seq) + depth].argmax(-1)
+        drafts = drafter.draft(torch.cat([seq[1:], nxt.view(1)]), feats, depth)
+        step = torch.cat([nxt.view(1), torch.tensor(drafts)])
+        out = target_hf(step[None], past_key_values=cache, use_cache=True,
+                        output_hidden_states=True)
+        preds = out.logits[0].argmax(-1)  # the target's token after each of the step's
         ok = 0
         while ok < depth and drafts[ok] == int(preds[ok]):
           ok += 1
-        kept = cand[len(seq):len(seq) + min(1 + ok, n_new - new)].tolist()
+        kept = step[:min(1 + ok, n_new - new)].tolist()
         stop = next((i for i, t in enumerate(kept) if t in stop_ids), None)
         if stop is not None:
           kept, done = kept[:stop + 1], True
         emitted.append(len(kept))
-        seq, new = torch.cat([seq, torch.tensor(kept)]), new + len(kept)
+        cache.crop(len(seq) + len(kept))  # the rejected drafts' keys and values go
+        feats = torch.cat([feats, _features(out, drafter.features)[:len(kept)]])
+        seq, new, nxt = torch.cat([seq, torch.tensor(kept)]), new + len(kept), preds[len(kept) - 1]
   return float(np.mean(emitted))
 
 
