@@ -175,7 +175,8 @@ def torch_accept_len(target_hf, drafter, prompts, n_new: int, depth: int = 3,
         if stop is not None:
           kept, done = kept[:stop + 1], True
         emitted.append(len(kept))
-        cache.crop(len(seq) + len(kept))  # the rejected drafts' keys and values go
+        if len(kept) < len(step):  # the rejected drafts' keys and values go
+          cache.crop(len(kept) - len(step))
         feats = torch.cat([feats, _features(out, drafter.features)[:len(kept)]])
         seq, new, nxt = torch.cat([seq, torch.tensor(kept)]), new + len(kept), preds[len(kept) - 1]
   return float(np.mean(emitted))
