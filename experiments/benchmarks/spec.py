@@ -6,6 +6,7 @@ keys. Speed is a ratio of decode times measured in one process (see `sd_speedup`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import numpy as np
@@ -14,6 +15,7 @@ from tlt_jax.drafter.costs import measure_cost_table, needed_cells
 from tlt_jax.drafter.proposer import as_proposer
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.pool import warm_concurrently
 from tlt_jax.spec.strategy import SpecConfig
 
 
@@ -191,10 +193,10 @@ def arm_sweep(model, prompts, rows_list, params: SamplingParams, engine_cfg: Eng
                                 min_accept_len=0.0, epsilon=0.0, chooser="bandit")
       engines[arm] = RolloutEngine(model, engine_cfg, pad_id=pad_id, spec=one,
                                    drafter=as_proposer(drafter))
-    for engine in (plain_engine, *engines.values()):
-      engine.generate(sub, 1, timed, key)  # warm
-      if engine.spec is not None:
-        engine.spec.reset_stats()
+    warm_concurrently([functools.partial(e.generate, sub, 1, timed, key)  # compiles overlap
+                       for e in (plain_engine, *engines.values())])
+    for engine in engines.values():
+      engine.spec.reset_stats()
     plain_runs, sd_runs = [], {arm: [] for arm in engines}
     for _ in range(repeats):
       plain_runs.append(plain_engine.generate(sub, 1, timed, key))

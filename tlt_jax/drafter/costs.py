@@ -23,6 +23,7 @@ from tlt_jax.models import kv_cache as kvc
 from tlt_jax.models.precision import compute_copy
 from tlt_jax.models.sampling import SamplingParams, argmax, processed_logprobs
 from tlt_jax.paths import as_path, write_whole
+from tlt_jax.rollout.pool import warm_concurrently
 from tlt_jax.spec.costs import CostTable
 from tlt_jax.spec.proposer import get_proposer
 from tlt_jax.spec.strategy import SpecConfig
@@ -184,6 +185,7 @@ def measure_cost_table(target, drafter, target_cells, draft_cells, cache_len: in
     runners.update({("d", t): drafter_step_runner(target, drafter, b, t, cache_len,
                                                   prefix=prefix, rule=rule)
                     for bb, t in sorted(draft_cells) if bb == b})
+    warm_concurrently(list(runners.values()))  # each cell's program compiled, on every core
     for (kind, t), run in list(runners.items()):  # the smallest batch's fewest tokens come first
       if kind not in loops:
         loops[kind] = (b, t)

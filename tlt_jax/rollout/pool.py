@@ -51,6 +51,24 @@ def use_compilation_cache(directory: str = "", fallback: str = "") -> str:
   return directory or ""
 
 
+def compile_threads() -> int:
+  """Threads a warm-up compiles on: XLA compiles a program on one thread, so a warm-up of many
+  programs uses every core (at most 8)."""
+  return min(8, os.cpu_count() or 1)
+
+
+def warm_concurrently(calls: Sequence[Callable[[], Any]]) -> None:
+  """Calls each of `calls` once (each the first call of its own programs, which compiles them),
+  on `compile_threads()` threads, and waits for their results: XLA compiles each program on its
+  caller's thread, so independent warm-ups overlap their compiles (4 of SmolLM2's cost cells
+  17.6 s -> 13.0 s on 2 cores; an H200 box's 16 cores compile 8 at once). Calls must not share
+  donated buffers."""
+  with concurrent.futures.ThreadPoolExecutor(compile_threads(),
+                                             thread_name_prefix="warm-up") as pool:
+    for result in pool.map(lambda call: call(), calls):
+      jax.block_until_ready(result)
+
+
 @dataclasses.dataclass
 class CompileEvent:
   """One executable the pool built: compiled, loaded from its cache, or moved from a twin."""
@@ -83,8 +101,7 @@ class ExecutablePool:
 
   def __init__(self, background_threads: int = 0, cache_dir: str = "", fingerprint: str = "",
                twins: bool = False):
-    # XLA compiles a program on one thread: a warm-up of many programs uses every core (0).
-    background_threads = background_threads or min(8, os.cpu_count() or 1)
+    background_threads = background_threads or compile_threads()  # 0: every core
     self.cache_dir = as_path(cache_dir) / "executables" if cache_dir else None
     self.fingerprint = fingerprint
     self._compiled: dict[Hashable, Any] = {}
