@@ -60,9 +60,8 @@ def compile_threads() -> int:
 def warm_concurrently(calls: Sequence[Callable[[], Any]]) -> None:
   """Calls each of `calls` once (each the first call of its own programs, which compiles them),
   on `compile_threads()` threads, and waits for their results: XLA compiles each program on its
-  caller's thread, so independent warm-ups overlap their compiles (4 of SmolLM2's cost cells
-  17.6 s -> 13.0 s on 2 cores; an H200 box's 16 cores compile 8 at once). Calls must not share
-  donated buffers."""
+  caller's thread, so independent warm-ups overlap their compiles (an H200 box's 16 cores
+  compile 8 at once). Calls must not share donated buffers."""
   with concurrent.futures.ThreadPoolExecutor(compile_threads(),
                                              thread_name_prefix="warm-up") as pool:
     for result in pool.map(lambda call: call(), calls):
