@@ -224,6 +224,7 @@ def replay(ctx: Context) -> dict:
     return {"skipped": ["replayed", "fresh"]}
   c = replay_config.get_config(r.variant)
   c.model.numerics = "invariant"
+  c.rollout.history.dispatch = r.dispatch
   c.train.update(dict(steps=r.steps, eval_every=0))
   out = os.path.join(ctx.c.out_dir, "replay")
   records = {name: replay_bench.run(c, out, name, c.seed, "prompt",
@@ -233,7 +234,7 @@ def replay(ctx: Context) -> dict:
   parted = [m["step"] for m, a, b in zip(records["fresh"], rewards["fresh"],
                                           rewards["replayed"]) if a != b]
   rollout_s = {name: sum(m["rollout_s"] for m in rs[1:]) for name, rs in records.items()}
-  return {"steps": r.steps, "rewards_identical": not parted,
+  return {"steps": r.steps, "dispatch": r.dispatch, "rewards_identical": not parted,
           "first_parting_step": parted[0] if parted else None,
           "rollout_speedup": round(rollout_s["fresh"] / rollout_s["replayed"], 3)
           if rollout_s["replayed"] else None,

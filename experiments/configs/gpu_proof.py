@@ -46,9 +46,13 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       arms=(("eagle", 2, 0),) if dry else (("eagle", 3, 0),), rows=(1,) if dry else (1, 4),
       new_tokens=8 if dry else 128, repeats=1 if dry else 3))
   # `replay`: bench_replay.py's run of this variant, `steps` steps, with replay and without, in
-  # the invariant numerics; skipped where the budget has less than `needs_s` left
+  # the invariant numerics; skipped where the budget has less than `needs_s` left. A dispatch
+  # replays as `dispatch` chooses (`rollout.history.dispatch`): on the GPU by the cost table; in
+  # the dry run by its share of replaying rows, since on the CPU a chunk's verify costs about
+  # what its tokens' decode steps do and the timed choice would replay on some runs only
   c.replay = ml_collections.ConfigDict(dict(
-      variant="small" if dry else "speed", steps=2 if dry else 40, needs_s=0 if dry else 240))
+      variant="small" if dry else "speed", steps=2 if dry else 40, needs_s=0 if dry else 240,
+      dispatch="share" if dry else "cost"))
   # XLA_FLAGS settings of `command_buffers`, each in a fresh process: XLA's own, none, and whole
   # loops captured too (the decode dispatch is a while loop of 8 steps)
   c.command_buffers = ml_collections.ConfigDict(dict(
