@@ -84,7 +84,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
                  ("rollout.engine.batch_buckets", (4,)), ("rollout.engine.max_batch", 4))
       if dry else (("train.eval_every", 0), ("model.compute_dtype", "bfloat16"))))
   c.large = ml_collections.ConfigDict(dict(
-      shape=base.TOY_SHAPE if dry else "qwen2p5_1p5b", compute_dtype="float32" if dry else "bfloat16",
+      shape=base.TOY_SHAPE if dry else "qwen2p5_1p5b",
+      compute_dtype="float32" if dry else "bfloat16",
       batches=(1,) if dry else (1, 8), tokens=(1, 4), cache_len=64 if dry else 1024,
       iters=2 if dry else 10, rounds=1 if dry else 2,
       rows=4 if dry else 64, group_size=2 if dry else 8, micro_batches=1 if dry else 4,
