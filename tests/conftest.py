@@ -52,6 +52,7 @@ if (os.environ["JAX_PLATFORMS"] == "cpu"
   os.environ["TLT_TESTS_FAST_COMPILE"] = FAST_COMPILE  # what run_module(fast_compile=False) drops
 FAST_COMPILE = os.environ.get("TLT_TESTS_FAST_COMPILE", CHEAP_LEVEL)
 
+import jax
 import pytest
 from flax import nnx
 
@@ -81,6 +82,18 @@ def small_model():
 # A model's forward, jitted: called eagerly, each of its ops builds its own program for each new
 # shape, which made the model tests compile hundreds of programs.
 jit_forward = nnx.jit(lambda model, *args, **kw: model(*args, **kw))
+
+
+def lower_for_gpu(jitted, *args, mesh=None) -> str:
+  """The StableHLO text of `jitted` on `args` lowered for CUDA on this machine, which has no GPU:
+  from jax 0.11 Pallas's Triton lowering reads the target GPU from the abstract device of the
+  mesh it was traced under, here an H100's (the kind the proof runs on), with the axes of
+  `mesh` (the program's own; default one device)."""
+  gpu = jax.sharding.AbstractDevice(device_kind="NVIDIA H100", num_cores=132, platform="gpu")
+  axes = ((mesh.axis_sizes, mesh.axis_names, mesh.axis_types) if mesh is not None
+          else ((1,), ("gpu",), (jax.sharding.AxisType.Auto,)))
+  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh(*axes, abstract_device=gpu)):
+    return jitted.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def run_on_fake_devices(module: str, devices: int = 2, timeout: int = 300) -> dict:

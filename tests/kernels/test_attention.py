@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.conftest import small_config
+from tests.conftest import lower_for_gpu, small_config
 from tests.drafter.test_drafter import STOPS, TREE, _trained_drafter
 from tests.spec.test_spec_engine import _prompts, peaked_model
 from tlt_jax.drafter.proposer import as_proposer
@@ -78,14 +78,14 @@ def test_the_kernel_and_a_decode_step_lower_for_the_gpu_triton_backend(dtype):
   kernel = functools.partial(prefix_attention, interpret=False)
   args = (jax.ShapeDtypeStruct((8, 2, 24, 64), dtype), jax.ShapeDtypeStruct((8, 2, 512, 64), dtype),
           jax.ShapeDtypeStruct((8, 2, 512, 64), dtype), jax.ShapeDtypeStruct((8,), jnp.int32))
-  text = jax.jit(kernel).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  text = lower_for_gpu(jax.jit(kernel), *args)
   assert "xla.gpu.triton" in text and "mosaic" not in text
 
   cfg = small_config(d_model=128, dtype=jnp.dtype(dtype).name)  # head_dim 32: a Triton tile
   graphdef, weights = nnx.split(init_model(cfg))
   step = jax.jit(lambda w, c, tok: nnx.merge(graphdef, w)(tok, c).logits_BxTxV)
-  text = step.trace(weights, init_cache(cfg, 4, 64, impl="pallas"),
-                    jnp.zeros((4, 3), jnp.int32)).lower(lowering_platforms=("cuda",)).as_text()
+  text = lower_for_gpu(step, weights, init_cache(cfg, 4, 64, impl="pallas"),
+                       jnp.zeros((4, 3), jnp.int32))
   assert "xla.gpu.triton" in text  # every layer calls the one lowered kernel
 
 

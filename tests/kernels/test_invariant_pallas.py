@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.conftest import lower_for_gpu
 from tests.models import test_invariant
 from tlt_jax.kernels import invariant_pallas
 from tlt_jax.models import invariant
@@ -97,6 +98,6 @@ def test_both_paths_are_differentiated_as_plain_attention(monkeypatch):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_the_kernel_lowers_for_the_gpu_triton_backend(dtype):
   args = _case(dtype, s=192)  # 3 blocks: not a power of two
-  text = jax.jit(lambda *a: invariant_pallas.call_kernel(*a, interpret=False)).trace(*args).lower(
-      lowering_platforms=("cuda",)).as_text()
+  text = lower_for_gpu(jax.jit(lambda *a: invariant_pallas.call_kernel(*a, interpret=False)),
+                       *args)
   assert "xla.gpu.triton" in text and "mosaic" not in text

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from tests.conftest import lower_for_gpu
 from tests.spec.test_spec_engine import STOPS, _prompts, peaked_model
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
@@ -41,8 +42,9 @@ def main():
       a.tokens, pallas.generate(prompts, 2, greedy, jax.random.key(0)).tokens))
   key = next(k for k in pallas.pool.keys() if k[0] == "decode")  # (name, shard, b, layout, params)
   programs = pallas.programs
-  fn, args, _ = programs.in_mesh(0, programs.decode(0, key[2], Layout(*key[3:9]), key[9])[1])()
-  text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  # The decode program as `programs.in_mesh` traces it, under the shard's mesh, of GPUs here.
+  fn, args, _ = programs.decode(0, key[2], Layout(*key[3:9]), key[9])[1]()
+  text = lower_for_gpu(jax.jit(fn), *args, mesh=programs.meshes[0])
   calls = [line for line in text.splitlines() if "custom_call" in line and "triton" in line]
   out["gpu_kernel_calls"] = len(calls)
   out["gpu_kernel_kv_heads"] = sorted({int(re.search(r"\(tensor<\d+x(\d+)x", c).group(1))
