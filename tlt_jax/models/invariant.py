@@ -74,7 +74,8 @@ _NEG = -1e30    # a score no query sees (finite: the masked terms' gradients sta
 def row_tiles(products: tuple[tuple, ...]) -> tuple[int, ...]:
   """The row tiles a row-wise step may run on this machine: of the backend's `CANDIDATE_TILES`,
   those in which each of `products` computes a row bitwise as in a product of `ROW_TILE` rows
-  (random operands, each tile against ROW_TILE's rows; cached per process), ROW_TILE alone
+  (random operands: products of each tile over ROW_TILE rows or more, against products of
+  ROW_TILE rows over the same rows; cached per process), ROW_TILE alone
   elsewhere and in a run of several processes (hosts may split a product differently, and
   every process must trace the same programs). A product is `(form, k, n, dtype, per_row)`:
   "dot" `[R * per_row, k] @ [k, n]` in the dtype, "acc" the same with float32 sums, "table" a
@@ -94,11 +95,15 @@ def _agreeing(candidates: tuple[int, ...], products: tuple[tuple, ...]) -> tuple
       x = jax.random.normal(x_key, (max(keep) * per_row, k), jnp.float32).astype(dtype)
       w = (jax.random.normal(w_key, (n, k) if form == "table" else (k, n), jnp.float32)
            / k ** 0.5).astype(dtype)
-      product, ref = _PRODUCT_FORMS[form], ROW_TILE * per_row
-      want = np.asarray(product(x[:ref], w))
+      product = _PRODUCT_FORMS[form]
+      run = lambda tile, rows: np.concatenate([np.asarray(product(x[j:j + tile * per_row], w))
+                                               for j in range(0, rows * per_row, tile * per_row)])
+      # A tile is checked on ROW_TILE rows or more, not on its own few: a product may round
+      # otherwise at a few outputs in 10^4 only (bf16 sums whose last bits differ where a
+      # rounding boundary lies between them), which one row's outputs can miss.
+      want = {rows: run(ROW_TILE, rows) for rows in {max(t, ROW_TILE) for t in keep}}
       for tile in sorted(keep - {ROW_TILE}):
-        got = np.asarray(product(x[:tile * per_row], w))[:ref]
-        if not np.array_equal(got, want[:tile * per_row]):
+        if not np.array_equal(run(tile, max(tile, ROW_TILE)), want[max(tile, ROW_TILE)]):
           keep.discard(tile)
   return tuple(sorted(keep))
 
