@@ -180,9 +180,11 @@ def test_smollm2_tlt_and_bench_gpu_start_from_the_shipped_drafter_in_bf16():
 
 @pytest.mark.slow
 def test_smollm2_tlt_small_drafts_with_the_eagle_arms_and_adapts_its_drafter(tmp_path):
+  """In bf16, as on a GPU: the shipped drafter arrives in bf16 and the first trained one in
+  float32, whose cast to the shards' bf16 the warm-up builds (no compile in any step)."""
   out = last_json(run_module("experiments.train_grpo",
                              "--config=experiments/configs/smollm2_tlt.py:small",
-                             f"--config.out_dir={tmp_path}",
+                             f"--config.out_dir={tmp_path}", "--config.model.compute_dtype=bfloat16",
                              # the drafter's arms (the suffix arm's programs cost minutes here)
                              '--config.spec.arms=(("eagle", 3, 0), ("tree", 3, 2, 4), '
                              '("plain", 1, 0))', fast_compile=False))
@@ -193,3 +195,4 @@ def test_smollm2_tlt_small_drafts_with_the_eagle_arms_and_adapts_its_drafter(tmp
   assert sum(m["drafter/steps"] for m in metrics) >= 1  # it trained within its budget
   published = sum(m["drafter/published"] for m in metrics)
   assert metrics[-1]["drafter/version"] == 1 + published  # version 1: the shipped drafter
+  assert published >= 1 and [m["compile_events"] for m in metrics] == [0] * len(metrics)

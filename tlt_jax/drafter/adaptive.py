@@ -98,6 +98,7 @@ class AdaptiveDrafter:
     for device in self.port.devices:
       self.spot.warm_up(device)
       self.publisher.finite(jax.device_put(self.in_use, device))
+      self.port.warm_up_publish(jax.device_put(self.in_use, device))
     self.publisher.warm_up(self.in_use, self.spot.trainer.target_params, self._holdout_batch([]))
     if jax.process_count() > 1:  # the collectives `after_rollout` runs
       distributed.mean_replicas(self.spot.trainer.state())

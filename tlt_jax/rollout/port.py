@@ -36,3 +36,8 @@ class DrafterPort:
   def publish(self, params, version: int | None = None) -> None:
     """Installs drafter `params` on every shard (as `version`, default the next)."""
     self._weights.set_drafter(params, version)
+
+  def warm_up_publish(self, params) -> None:
+    """Builds the casts `publish` runs on weights like `params` (installing nothing): in a bf16
+    run the shipped drafter arrives in bf16 and the first trained one in float32."""
+    self._weights.drafter_copy(params)

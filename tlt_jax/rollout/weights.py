@@ -76,10 +76,16 @@ class WeightStore:
     `version`, by default the next one."""
     if self._drafter is None:
       raise ValueError("This engine was built without a drafter.")
-    state = compute_copy(state, self.dtype)
+    state = self.drafter_copy(state)
     self._abstract_drafter = _abstract(state)
     self._drafter = [jax.device_put(state, param_shardings(state, mesh)) for mesh in self.meshes]
     self.drafter_version = self.drafter_version + 1 if version is None else version
+
+  def drafter_copy(self, state):
+    """Drafter weights as the shards hold them (`compute_copy`): a trained drafter's float32
+    weights cast to the compute dtype, one program per weight shape, which a warm-up builds by
+    calling this on the trainer's weights."""
+    return compute_copy(state, self.dtype)
 
   def sharding(self, s: int) -> NamedSharding:
     """Where shard `s`'s inputs (and decode state, but for its KV cache) live: whole on each of
