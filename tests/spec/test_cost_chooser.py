@@ -16,6 +16,7 @@ from tlt_jax.drafter.costs import (alternating_times, call_overhead, cost_table_
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.models import init_model
 from tlt_jax.models.sampling import SamplingParams, processed_logprobs
+from tlt_jax.rl import metrics
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.spec.controller import SpecController
 from tlt_jax.spec.cost_chooser import CostChooser
@@ -97,6 +98,21 @@ def test_the_controller_needs_a_table_for_the_cost_chooser():
     SpecController(SpecConfig(arms=(SUFFIX3, PLAIN), chooser="cost"), (1, 2))
   with pytest.raises(ValueError, match="chooser"):
     SpecConfig(chooser="fastest")
+
+
+def test_a_rollout_reports_its_own_accepted_length_and_a_run_the_steps_that_speculated():
+  """A rollout's record (`summary(since=counts())`) holds its own dispatches' accepted length,
+  0 where it decoded plainly throughout; a run's mean leaves those steps out."""
+  ctl = SpecController(SpecConfig(arms=(EAGLE3, SUFFIX3, PLAIN), chooser="bandit"), (1, 2))
+  ctl.record(1, 0, tokens=30, row_steps=10, wall_s=1.0, live=1)   # a first rollout: 3.0
+  first = ctl.counts()
+  assert ctl.summary(since=first)["accept_len"] == 0.0             # a plain rollout after it
+  ctl.record(1, 1, tokens=12, row_steps=8, wall_s=1.0, live=1)    # a third: 1.5
+  third = ctl.summary(since=first)
+  assert third["accept_len"] == 1.5 and third["accept_len_per_arm"] == {"suffix_d3_n3": 1.5}
+  assert ctl.summary()["accept_len"] == round(42 / 18, 3)          # the whole run's dispatches
+  steps = [{"spec/accept_len": 3.0}, {"spec/accept_len": 0.0}, {"spec/accept_len": 1.5}]
+  assert metrics.accept_len(steps) == 2.25 and metrics.accept_len(steps[1:2]) == 0.0
 
 
 def test_needed_cells_and_the_per_machine_cache(tmp_path, monkeypatch):

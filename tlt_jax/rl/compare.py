@@ -12,7 +12,7 @@ import json
 import numpy as np
 
 from tlt_jax.paths import as_path
-from tlt_jax.rl.metrics import EVALS, METRICS
+from tlt_jax.rl.metrics import EVALS, METRICS, accept_len
 
 COMPILE_S = "time/compile_s"  # a step's seconds of building programs, left out of its timings
 
@@ -90,8 +90,7 @@ def compare_runs(baseline_dir: str, tlt_dir: str, skip_first: int = 1) -> dict:
       "compile_events_tlt": int(sum(tlt[s].get("compile_events", 0) for s in steps)),
       "compile_s_baseline": round(sum(base[s].get(COMPILE_S, 0.0) for s in steps), 3),
       "compile_s_tlt": round(sum(tlt[s].get(COMPILE_S, 0.0) for s in steps), 3),
-      "accept_len": round(float(np.mean([tlt[s].get("spec/accept_len", 0.0) for s in timed])),
-                          4),
+      "accept_len": round(accept_len([tlt[s] for s in timed]), 4),
       "reward_baseline_last": base[steps[-1]]["reward"],
       "reward_tlt_last": tlt[steps[-1]]["reward"],
   }

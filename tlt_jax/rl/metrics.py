@@ -121,6 +121,13 @@ class RunWriter:
       f.close()
 
 
+def accept_len(records: list[dict]) -> float:
+  """The mean accepted length of the steps among `records` that speculated (a step's
+  `spec/accept_len` is its own rollout's; 0 where it decoded plainly throughout)."""
+  speculated = [m["spec/accept_len"] for m in records if m.get("spec/accept_len")]
+  return float(np.mean(speculated)) if speculated else 0.0
+
+
 def step_metrics(step: int, first, result, learned: dict, mismatch: float,
                  drafter: dict | None, seconds: dict, counts: dict) -> dict:
   """One step's record, assembled in one place: the first rollout round's samples `first` and

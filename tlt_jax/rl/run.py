@@ -23,6 +23,7 @@ from tlt_jax.errors import ConfigError
 from tlt_jax.models.config import PRESETS, SHAPES, ModelConfig, get_shape
 from tlt_jax.models.pretrained import config_from_hf
 from tlt_jax.rl.config import RunConfig
+from tlt_jax.rl.metrics import accept_len
 from tlt_jax.rl.memory import (GB, MemoryPlan, PlanTarget, device_limit_bytes, plan_memory,
                                sized_engine)
 from tlt_jax.rl import rundir
@@ -215,7 +216,7 @@ def summarize(name: str, out_dir: str, history: list[dict]) -> dict:
       "reward_last5_mean": float(np.mean(rewards[-5:])),
       "step_s_mean": float(np.mean([m["step_s"] for m in history])),
       "rollout_share": float(np.mean([m["time/rollout_share"] for m in history])),
-      "accept_len": float(np.mean([m["spec/accept_len"] for m in history])),
+      "accept_len": accept_len(history),
       "out_dir": out_dir,
   }
   if evals:

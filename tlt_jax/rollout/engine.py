@@ -216,6 +216,7 @@ class RolloutEngine:
                         self.model_cfg.dtype),
                 Timeline(self.cfg.num_shards))
     built = compiles.Since()
+    spec_counts = self.spec.counts() if self.spec is not None else None
     start = time.perf_counter()
     for s, waves in enumerate(call.waves):
       if waves:  # a shard's first wave tells which programs it will reach: build them meanwhile
@@ -240,7 +241,7 @@ class RolloutEngine:
     timeline.finish(time.perf_counter() - start, int(out.lengths_R.sum()), built.events,
                     built.seconds)
     if self.spec is not None:
-      timeline.spec = self.spec.summary()
+      timeline.spec = self.spec.summary(since=spec_counts)  # this call's accepted length
     reasons = ["stop" if s else "length" for s in out.stopped_R]
     return RolloutResult(out.tokens_RxN, out.logprobs_RxN, out.lengths_R, reasons, out.hidden,
                          timeline)

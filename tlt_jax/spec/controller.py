@@ -82,16 +82,26 @@ class SpecController:
     steps = sum(self.row_steps.values())
     return sum(self.tokens.values()) / steps if steps else 0.0
 
-  def summary(self) -> dict:
-    """Accepted length, choices per bucket and arm, retired arms: the rollout record's `spec`."""
+  def counts(self) -> tuple[collections.Counter, collections.Counter]:
+    """The accepted-length counts so far (tokens and row-steps per arm): `summary(since=...)`
+    reports what came after them."""
+    return collections.Counter(self.tokens), collections.Counter(self.row_steps)
+
+  def summary(self, since: tuple[collections.Counter, collections.Counter] | None = None) -> dict:
+    """Accepted length (of the dispatches after `since`, from `counts()`; all of them without),
+    choices per bucket and arm, retired arms: the rollout record's `spec`."""
     names = [a.name for a in self.config.arms]
+    tokens, row_steps = self.tokens, self.row_steps
+    if since is not None:
+      tokens, row_steps = tokens - since[0], row_steps - since[1]
+    steps = sum(row_steps.values())
     by_cost = isinstance(self.chooser, CostChooser)
     best = {b: self.chooser.best(b, list(range(len(names))))
             for b in sorted({b for b, _ in self.chooser.choices})}
     return {
-        "accept_len": round(self.accept_len(), 3),
-        "accept_len_per_arm": {names[a]: round(self.tokens[a] / self.row_steps[a], 3)
-                               for a in self.row_steps if self.row_steps[a]},
+        "accept_len": round(sum(tokens.values()) / steps, 3) if steps else 0.0,
+        "accept_len_per_arm": {names[a]: round(tokens[a] / row_steps[a], 3)
+                               for a in row_steps if row_steps[a]},
         # The cost chooser's None is plain decoding; the bandit's, no reward yet.
         "chosen_per_bucket": {str(b): "plain" if a is None else names[a]
                               for b, a in best.items() if a is not None or by_cost},
