@@ -435,10 +435,11 @@ def markdown(results: dict, header: str) -> str:
       lines.append(f"\nSkipped for time: {b['skipped']}")
   g = results.get("grpo")
   if g:
-    lines += ["", "| steps | rollout speedup | e2e speedup | Amdahl bound | e2e / bound | "
-              "rollout share | accept | rewards identical | first parting step | compiles after "
-              "warm-up | drafter share |", "|---|---|---|---|---|---|---|---|---|---|---|",
-              f"| {g['steps']} | {g['rollout_speedup']} | {g['e2e_speedup']} | "
+    lines += ["", "| steps | rollout speedup | per token | e2e speedup | Amdahl bound | e2e / "
+              "bound | rollout share | accept | rewards identical | first parting step | compiles "
+              "after warm-up | drafter share |", "|---|---|---|---|---|---|---|---|---|---|---|---|",
+              f"| {g['steps']} | {g['rollout_speedup']} | {g.get('rollout_token_speedup')} | "
+              f"{g['e2e_speedup']} | "
               f"{g['amdahl_bound']} | {g['e2e_over_amdahl']} | {g['rollout_share']} | "
               f"{g['accept_len']} | {g['rewards_identical']} | {g['first_parting_step']} | "
               f"{g['compile_events_baseline'] + g['compile_events_tlt']} | "

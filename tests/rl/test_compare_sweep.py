@@ -15,9 +15,10 @@ def write_run(path, rows):
 
 
 def test_compare_runs_figures(tmp_path):
-  base = [{"step": s, "reward": 0.1 * s, "step_s": 10.0, "rollout_s": 6.0} for s in range(4)]
-  tlt = [{"step": s, "reward": 0.1 * s, "step_s": 7.0, "rollout_s": 3.0, "spec/accept_len": 2.0}
-         for s in range(4)]
+  base = [{"step": s, "reward": 0.1 * s, "step_s": 10.0, "rollout_s": 6.0,
+           "rollout/tokens_per_s": 100.0} for s in range(4)]
+  tlt = [{"step": s, "reward": 0.1 * s, "step_s": 7.0, "rollout_s": 3.0, "spec/accept_len": 2.0,
+          "rollout/tokens_per_s": 100.0 * 2 ** (s - 2)} for s in range(4)]
   tlt[0]["step_s"] = 100.0  # first step: left out of the timings
   # compile seconds are reported apart
   tlt[2].update({"step_s": 9.0, "rollout_s": 5.0, "time/compile_s": 2.0})
@@ -27,6 +28,7 @@ def test_compare_runs_figures(tmp_path):
   assert out["reward_max_abs_diff"] == 0.0 and out["rewards_identical"]
   assert out["rollout_share"] == pytest.approx(0.6)
   assert out["rollout_speedup"] == pytest.approx(2.0)
+  assert out["rollout_token_speedup"] == pytest.approx(1.0)  # steps 1-3: 0.5x, 1x, 2x per token
   assert out["e2e_speedup"] == pytest.approx(10 / 7, abs=1e-4)
   assert out["amdahl_bound"] == pytest.approx(1 / (0.4 + 0.3), abs=1e-4)
   assert out["compile_s_tlt"] == 2.0 and out["compile_s_baseline"] == 0.0

@@ -3,6 +3,9 @@
 
 `amdahl_bound` = 1 / ((1 - share) + share / rollout_speedup), where `share` is the rollout's share
 of the baseline's step time: the end-to-end speedup that a rollout speedup alone can give.
+`rollout_token_speedup` is the geometric mean over steps of the rollouts' tokens per second:
+where the runs part (bf16 `fast` numerics) their responses differ, and their rollout times
+compare different work.
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ def compare_runs(baseline_dir: str, tlt_dir: str, skip_first: int = 1) -> dict:
   share = total(base, "rollout_s") / total(base, "step_s")
   rollout_speedup = total(base, "rollout_s") / total(tlt, "rollout_s")
   bound = amdahl_bound(share, rollout_speedup)
+  rate = "rollout/tokens_per_s"
+  ratios = [tlt[s][rate] / base[s][rate] for s in timed if base[s].get(rate) and tlt[s].get(rate)]
   e2e = total(base, "step_s") / total(tlt, "step_s")
   return {
       "steps": len(steps), "timed_steps": len(timed),
@@ -86,6 +91,8 @@ def compare_runs(baseline_dir: str, tlt_dir: str, skip_first: int = 1) -> dict:
       "e2e_speedup": round(e2e, 4), "rollout_speedup": round(rollout_speedup, 4),
       "rollout_share": round(share, 4), "amdahl_bound": round(bound, 4),
       "e2e_over_amdahl": round(e2e / bound, 4),
+      **({"rollout_token_speedup": round(float(np.exp(np.mean(np.log(ratios)))), 4)}
+         if ratios else {}),
       "compile_events_baseline": int(sum(base[s].get("compile_events", 0) for s in steps)),
       "compile_events_tlt": int(sum(tlt[s].get("compile_events", 0) for s in steps)),
       "compile_s_baseline": round(sum(base[s].get(COMPILE_S, 0.0) for s in steps), 3),
