@@ -28,6 +28,7 @@ from tlt_jax.rl.grpo import GRPOConfig
 from tlt_jax.rl import resume
 from tlt_jax.rl.trainer import LoopConfig, Trainer
 from tlt_jax.rl.update import OptimConfig
+from tlt_jax.rollout import compiles
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.history import HistoryConfig, ReplayConfig
 from tlt_jax.rollout.noise import PromptNoise
@@ -134,6 +135,25 @@ def test_buffer_keeps_its_cap_and_evicts_the_oldest_steps_first():
   assert buf.newest_step == 9
   with pytest.raises(ValueError, match="exceeds the buffer's capacity"):
     _add(buf, 101, 11)
+
+
+def test_the_buffer_s_checkpoint_reads_its_hidden_states_with_one_program_per_doubling():
+  """Each checkpoint holds another count of tokens; its read builds no program until the count
+  passes a power of two, and the state round-trips into a fresh buffer."""
+  buf = DataBuffer(BufferConfig(max_tokens=100), d_model=4)
+  _add(buf, 5, 0), _add(buf, 7, 1)
+  compiles.install()
+  buf.state()  # 12 tokens: reads 16 rows
+  _add(buf, 3, 2)
+  built = compiles.totals()[0]
+  state = buf.state()  # 15 tokens
+  assert compiles.totals()[0] == built
+  np.testing.assert_array_equal(state["hidden"][:, 0], [5.0] * 5 + [107.0] * 7 + [203.0] * 3)
+  restored = DataBuffer(BufferConfig(max_tokens=100), d_model=4)
+  restored.load_state(state)
+  assert [s.length for s in restored.segments()] == [5, 7, 3]
+  for s, r in zip(buf.segments(), restored.segments()):
+    np.testing.assert_array_equal(restored.hidden(r), buf.hidden(s))
 
 
 def test_sampling_favours_long_segments_and_recent_steps():

@@ -176,9 +176,18 @@ class DataBuffer:
           jnp.zeros((b, d), dtype, device=self.device), np.zeros(k, np.int32),
           np.zeros(k, np.int32), np.full(k, self.cfg.max_tokens, np.int32))
 
+  def _read(self, rows_N: np.ndarray) -> np.ndarray:
+    """Ring rows `[N, D]` on the host, in the buffer's dtype. The gather reads a power of two of
+    rows (the rest past the ring), so that the checkpoints of a run, each holding another count
+    of tokens, build one program per doubling rather than one per save."""
+    n = len(rows_N)
+    padded = np.full(1 << max(n - 1, 0).bit_length(), self.cfg.max_tokens, np.int32)
+    padded[:n] = rows_N
+    return np.asarray(_gather(self.ring_CxD, padded[None], self.dtype))[0, :n]
+
   def hidden(self, seg: Segment) -> np.ndarray:
     """A segment's hidden states `[L, D]` on the host (for inspection)."""
-    return np.asarray(_gather(self.ring_CxD, self._rows(seg)[None], self.dtype))[0]
+    return self._read(self._rows(seg))
 
   def weights(self) -> np.ndarray:
     """Sampling probabilities of the stored segments (length and recency)."""
@@ -210,7 +219,7 @@ class DataBuffer:
             "lengths": np.array([s.length for s in segs], np.int32),
             "versions": np.array([s.version for s in segs], np.int32),
             "steps": np.array([s.step for s in segs], np.int32),
-            "hidden": np.asarray(_gather(self.ring_CxD, rows[None], self.dtype))[0],
+            "hidden": self._read(rows),
             "evicted": np.int64(self.evicted)}
 
   def load_state(self, state: dict) -> None:
