@@ -141,7 +141,8 @@ def test_the_buffer_s_checkpoint_reads_its_hidden_states_with_one_program_per_do
   """Each checkpoint holds another count of tokens; its read builds no program until the count
   passes a power of two, and the state round-trips into a fresh buffer."""
   buf = DataBuffer(BufferConfig(max_tokens=100), d_model=4)
-  _add(buf, 5, 0), _add(buf, 7, 1)
+  _add(buf, 5, 0)
+  _add(buf, 7, 1)
   compiles.install()
   buf.state()  # 12 tokens: reads 16 rows
   _add(buf, 3, 2)
