@@ -91,10 +91,11 @@ def _agreeing(candidates: tuple[int, ...], products: tuple[tuple, ...]) -> tuple
   keep = set(candidates) | {ROW_TILE}
   with jax.ensure_compile_time_eval():
     for i, (form, k, n, dtype, per_row) in enumerate(products):
-      x_key, w_key = jax.random.split(jax.random.key(i))
-      x = jax.random.normal(x_key, (max(keep) * per_row, k), jnp.float32).astype(dtype)
-      w = (jax.random.normal(w_key, (n, k) if form == "table" else (k, n), jnp.float32)
-           / k ** 0.5).astype(dtype)
+      # Operands drawn on the host: a JAX draw of a head's table builds a program of seconds.
+      rng = np.random.default_rng(i)
+      x = jnp.asarray(rng.standard_normal((max(keep) * per_row, k), np.float32), dtype)
+      w = jnp.asarray(rng.standard_normal((n, k) if form == "table" else (k, n), np.float32)
+                      / np.float32(k ** 0.5), dtype)
       product = _PRODUCT_FORMS[form]
       run = lambda tile, rows: np.concatenate([np.asarray(product(x[j:j + tile * per_row], w))
                                                for j in range(0, rows * per_row, tile * per_row)])
