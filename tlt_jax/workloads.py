@@ -344,7 +344,8 @@ def build_workload(wc: WorkloadConfig, num_prompts: int, seed: int,
   """Model, tokenised prompts, answers, sampling params and reward of `num_prompts` problems
   drawn with `seed`.
 
-  `policy` is `starting_policy(wc)`'s (model, tokenizer, ...), found again when not given.
+  `policy` is `starting_policy(wc)`'s (model, tokenizer, ...), found again when not given;
+  (None, tokenizer) draws the prompts alone, with no check against a model's context.
 
   `difficulty` overrides fields of the task's problem generator (`tiny`: `TaskConfig`, e.g.
   `min_steps`/`max_steps`; `smollm2`: `WordProblemConfig`) for these prompts only, e.g. an RL
@@ -359,6 +360,10 @@ def build_workload(wc: WorkloadConfig, num_prompts: int, seed: int,
   prompts, answers, max_new, score = get_workload(wc.name).build(
       wc, tok, num_prompts, seed, dict(difficulty or {}), split)
   params = sampling_params(wc, wc.max_new_tokens or max_new, tok.stop_ids)
+  if model is not None and params.max_new_tokens >= model.cfg.max_seq_len:
+    raise ConfigError(f"config.rollout.max_new_tokens={params.max_new_tokens} leaves no room for "
+                      f"a prompt in the model's context of {model.cfg.max_seq_len} tokens; set it "
+                      "below the context less the prompts' length.")
   return Workload(model, tok, prompts, answers, params, score)
 
 
@@ -425,8 +430,12 @@ def drafter_recipe(section: Mapping, other_keys=()) -> DrafterRecipe:
 
 def drafter_workload(wc: WorkloadConfig, recipe: DrafterRecipe, seed: int, policy=None):
   """The workload whose rollouts the warm-up drafter trains on: `recipe.warmup_prompts` prompts
-  of the training side, drawn with `seed + 1`."""
-  return build_workload(wc, recipe.warmup_prompts, seed + 1, policy=policy)
+  of the training side, drawn with `seed + 1`, less those that do not fit the model's context
+  beside the response (`fitting`)."""
+  w = build_workload(wc, recipe.warmup_prompts, seed + 1, policy=policy)
+  if w.model is None:  # a policy of a tokenizer alone: the prompts as drawn
+    return w
+  return fitting(w, w.model.cfg.max_seq_len - w.params.max_new_tokens, "drafter warm-up")
 
 
 def drafter_key(wc: WorkloadConfig, recipe: DrafterRecipe, seed: int) -> str:

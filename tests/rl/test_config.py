@@ -14,6 +14,7 @@ from experiments.launch import has_path
 from tlt_jax.errors import ConfigError
 from tlt_jax.models.precision import Precision
 from tlt_jax.rl.config import run_config
+from tlt_jax.rl.run import run_stages
 from tlt_jax.rl import schema
 from tlt_jax.rl.grpo import GRPOConfig
 
@@ -145,6 +146,20 @@ def test_the_precision_policy_is_read_from_the_model_section():
   c.model.numerics = "exact"
   with pytest.raises(ConfigError, match="numerics='exact' is not one of fast, invariant"):
     run_config(c)
+
+
+def test_a_response_longer_than_the_context_allows_is_one_config_error_before_any_warm_up():
+  """A response that leaves no room for a prompt stops the run when its policy has loaded (the
+  context is the model's); one that leaves no room for the warm-up's prompts, before the drafter
+  warm-up decodes anything (its rollouts would overflow the context)."""
+  c = tiny_tlt.get_config("small")
+  c.rollout.max_new_tokens = 100_000
+  with pytest.raises(ConfigError, match=r"config.rollout.max_new_tokens=100000 leaves no room for "
+                                        r"a prompt in the model's context of 384 tokens"):
+    run_stages(run_config(c), progress=False)
+  c.rollout.max_new_tokens = 380
+  with pytest.raises(ConfigError, match="Every drafter warm-up prompt is longer than 4 tokens"):
+    run_stages(run_config(c), progress=False)
 
 
 def test_a_tlt_config_s_drafter_sections_are_checked():
