@@ -19,7 +19,10 @@ _SKIP = flags.DEFINE_integer("skip_first", 1, "Leave this many first steps (comp
 def main(argv):
   if len(argv) != 3:
     raise app.UsageError("Usage: python -m experiments.compare_runs BASELINE_DIR TLT_DIR")
-  out = compare_runs(argv[1], argv[2], skip_first=_SKIP.value)
+  try:
+    out = compare_runs(argv[1], argv[2], skip_first=_SKIP.value)
+  except FileNotFoundError as e:
+    raise app.UsageError(str(e)) from None
   rewards = ("identical" if out["rewards_identical"]
              else f"differ by up to {out['reward_max_abs_diff']:g}")
   print(f"[compare] {out['steps']} common steps; rewards {rewards}; "

@@ -10,7 +10,7 @@ from ml_collections import config_flags
 
 from experiments import launch
 from tlt_jax.evaluation import evaluate_math
-from tlt_jax.models.pretrained import load_pretrained
+from tlt_jax.models.pretrained import load_setting
 from tlt_jax.tasks.math_data import load_math_dataset
 from tlt_jax.tasks.word_problems import WordProblemConfig, make_word_problems
 
@@ -26,7 +26,7 @@ def main(argv):
     problems = make_word_problems(c.num_prompts, WordProblemConfig(**c.word_problems), c.seed,
                                   "test")
   start = time.time()
-  model, tok = load_pretrained(c.model)
+  model, tok = load_setting("config.model", c.model)
   load_s = time.time() - start
   stats = evaluate_math(model, tok, problems, group_size=c.group_size, temperature=c.temperature,
                         max_new_tokens=c.max_new_tokens, seed=c.seed, rows_per_call=c.rows_per_call,

@@ -17,7 +17,7 @@ from experiments import launch
 from tlt_jax.drafter.serving import FORMATS, default_format, export_drafter
 from tlt_jax.drafter.warmup import load_any_drafter, resolve_drafter
 from tlt_jax.errors import ConfigError
-from tlt_jax.models.pretrained import load_pretrained
+from tlt_jax.models.pretrained import load_setting
 
 _DRAFTER = flags.DEFINE_string("drafter", None, "A shipped drafter's name or an artifact "
                                "directory.", required=True)
@@ -31,7 +31,7 @@ _FORMAT = flags.DEFINE_enum("format", None, FORMATS, "The serving layout (defaul
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  model, _ = load_pretrained(_MODEL.value)
+  model, _ = load_setting("--model", _MODEL.value)
   try:
     drafter, _ = load_any_drafter(resolve_drafter(_DRAFTER.value), model)
   except (FileNotFoundError, ValueError) as e:

@@ -32,7 +32,7 @@ from tlt_jax.drafter.proposer import EagleProposer
 from tlt_jax.drafter.warmup import load_any_drafter, resolve_drafter
 from tlt_jax.models.config import NUMERICS
 from tlt_jax.models.precision import DTYPES, Precision
-from tlt_jax.models.pretrained import load_pretrained
+from tlt_jax.models.pretrained import load_setting
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.plain import generate_plain
@@ -120,7 +120,7 @@ def _prompt_texts() -> list[str]:
 def main(argv):
   del argv
   texts = _prompt_texts()
-  model, tok = load_pretrained(_MODEL.value)
+  model, tok = load_setting("--model", _MODEL.value)
   model = Precision(param_dtype=_DTYPE.value, compute_dtype=_DTYPE.value,
                     numerics=_NUMERICS.value).apply(model)
   if _CHAT.value:
@@ -134,8 +134,11 @@ def main(argv):
     raise app.UsageError(f"Prompt of {longest} tokens + max_new_tokens {_MAX_NEW.value} "
                          f"exceeds the model context of {model.cfg.max_seq_len} tokens.")
   stops = tok.stop_ids  # eos and the ids of the checkpoint's generation_config.json
-  params = SamplingParams(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
-                          max_new_tokens=_MAX_NEW.value, stop_tokens=stops)
+  try:
+    params = SamplingParams(temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
+                            top_p=_TOP_P.value, max_new_tokens=_MAX_NEW.value, stop_tokens=stops)
+  except ValueError as e:  # the message names the flag's setting
+    raise app.UsageError(f"Sampling flags: {e}") from None
   if _TREE.value and len(_TREE.value) != 2:
     raise app.UsageError(f"--draft_tree takes TOPK,NODES, got {','.join(_TREE.value)}.")
   tree = tuple(int(x) for x in _TREE.value) if _TREE.value else None

@@ -1,5 +1,6 @@
 """What every launcher shares: absl's `app.run`, with the libraries' INFO logs off and a
-one-line error for a bad command line or a bad config setting (`ConfigError`).
+one-line error for a bad command line (absl's `UsageError`, a missing config file) or a bad config
+setting (`ConfigError`).
 
 Every launcher points JAX's persistent compilation cache, once, before anything compiles: at the
 config's `rollout.engine.compile_cache_dir`, else the one the environment names, else
@@ -45,8 +46,8 @@ def run(main) -> None:
     try:
       _use_compilation_cache(flags.FLAGS["config"].value if "config" in flags.FLAGS else None)
       return main(argv)
-    except (ConfigError, DistributedError) as e:  # a bad setting or start: one line
-      raise SystemExit(str(e)) from None
+    except (ConfigError, DistributedError, app.UsageError) as e:  # a bad setting, start or
+      raise SystemExit(str(e)) from None                           # command line: one line
 
   app.run(quiet_main, flags_parser=parse_flags)
 
@@ -67,6 +68,10 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
   added = []
   # Only this launcher's own flags: what follows `--` is another command's (`launch_local`).
   own = argv[:argv.index("--")] if "--" in argv else argv
+  spec = next((a.split("=", 1)[1] for a in own if a.startswith("--config=")), "")
+  if "config" in flag_values and spec and not os.path.isfile(spec.partition(":")[0]):
+    raise SystemExit(f"--config={spec}: no config file {spec.partition(':')[0]!r}; the recipes "
+                     "are in experiments/configs/.")
   if "config" in flag_values and any(a.startswith("--config.") for a in own):
     config, path = _load_config(own, flag_values)
     for arg in [a for a in own if a.startswith("--config.")]:

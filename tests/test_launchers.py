@@ -92,7 +92,8 @@ def test_a_bad_command_line_is_one_line_naming_the_key_and_the_nearest_known_one
           in proc.stderr.strip().splitlines()[-1])
   for config, override, expect in (
       ("sft_tiny.py:small", "--config.train.lr=abc", "--config.train.lr=abc: could not convert"),
-      ("sft_tiny.py:smal", None, "Unknown variant 'smal'")):
+      ("sft_tiny.py:smal", None, "Unknown variant 'smal'"),
+      ("sft_tny.py:small", None, "no config file 'experiments/configs/sft_tny.py'")):
     own = flags.FlagValues()
     config_flags.DEFINE_config_file("config", "experiments/configs/sft_tiny.py", flag_values=own)
     argv = ["sft_warmstart", f"--config=experiments/configs/{config}", *filter(None, [override])]
@@ -100,6 +101,14 @@ def test_a_bad_command_line_is_one_line_naming_the_key_and_the_nearest_known_one
     with pytest.raises(SystemExit) as e:
       launch.parse_flags(argv, own)
     assert expect in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_launcher_s_usage_error_is_one_line_without_the_flags_help(tmp_path):
+  """absl prints every flag's help above a `UsageError`; our launchers print its line alone."""
+  proc = run_module("experiments.compare_runs", str(tmp_path / "a"), str(tmp_path / "b"))
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines() == [
+      f"No metrics.jsonl in {str(tmp_path / 'a')!r}: is it a train_grpo run directory?"]
 
 
 def test_a_bad_run_setting_is_one_line_before_any_work(tmp_path):

@@ -22,7 +22,7 @@ from tlt_jax.drafter.warmup import (SHIPPED_ROOT, WarmupConfig, drafter_artifact
 from tlt_jax.errors import ConfigError
 from tlt_jax.evaluation import task_lengths
 from tlt_jax.models.precision import Precision
-from tlt_jax.models.pretrained import load_pretrained
+from tlt_jax.models.pretrained import load_setting
 from tlt_jax.models.sampling import SamplingParams
 from tlt_jax.models.tokenizer import CharTokenizer
 from tlt_jax.tasks import arithmetic, rewards
@@ -187,17 +187,9 @@ def per_row(one):
   return lambda responses, answers: [one(r, a) for r, a in zip(responses, answers)]
 
 
-def _pretrained(path: str):
-  """`load_pretrained(path)`, a missing or unreadable checkpoint as one line naming the key."""
-  try:
-    return load_pretrained(path)
-  except (FileNotFoundError, ValueError) as e:
-    raise ConfigError(f"config.model.path={path!r}: {e}") from None
-
-
 def _smollm2_policy(wc: WorkloadConfig, progress: bool):
   del progress
-  model, tok = _pretrained(wc.path or "smollm2")
+  model, tok = load_setting("config.model.path", wc.path or "smollm2")
   return model, tok, {"cache": wc.path or "smollm2", "cached": True}
 
 
@@ -227,7 +219,7 @@ register_workload("smollm2", WorkloadKind(
 
 def _math_policy(wc: WorkloadConfig, progress: bool):
   del progress
-  model, tok = _pretrained(wc.path or "smollm2")
+  model, tok = load_setting("config.model.path", wc.path or "smollm2")
   return model, tok, {"cache": wc.path or "smollm2", "cached": True}
 
 

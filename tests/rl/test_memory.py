@@ -94,6 +94,14 @@ def test_the_gpu_recipes_planned_on_cpu():
     _plan("qwen2p5_7b_64xh100", mesh_shape=(3, -1, 1))
 
 
+def test_a_plan_for_an_unknown_shape_is_one_line():
+  c = hf_math.get_config("qwen2p5_1p5b_8xh100")
+  c.plan.shape = "qwen2p5_15b"
+  with pytest.raises(ConfigError, match=r"^config.plan: shape 'qwen2p5_15b' is not one of "
+                                        r"\['qwen2p5_1p5b', 'qwen2p5_7b', 'smollm2_135m'\]\.$"):
+    run_config(c)
+
+
 def test_a_run_that_cannot_fit_its_device_is_one_line(monkeypatch):
   monkeypatch.setattr(run, "device_limit_bytes", lambda device: 2e9)
   c = hf_math.get_config("qwen2p5_1p5b_8xh100")

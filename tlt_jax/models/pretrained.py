@@ -244,6 +244,15 @@ def load_pretrained(path_or_preset: str, dtype: str = "float32"
       "Hugging Face checkpoint folder.")
 
 
+def load_setting(setting: str, path_or_preset: str) -> tuple[Transformer, TextTokenizer]:
+  """`load_pretrained(path_or_preset)`, a missing or unreadable checkpoint as one `ConfigError`
+  line naming the setting that gave it (`config.model.path`, `--model`)."""
+  try:
+    return load_pretrained(path_or_preset)
+  except (FileNotFoundError, ValueError) as e:
+    raise ConfigError(f"{setting}={path_or_preset!r}: {e}") from None
+
+
 def load_policy(name: str, seed: int = 0) -> Transformer:
   """A from-scratch preset freshly initialised, or a pretrained checkpoint's model."""
   if name in PRESETS:

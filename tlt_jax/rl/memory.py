@@ -37,7 +37,7 @@ from flax import nnx
 
 from tlt_jax.drafter.model import DrafterConfig, init_drafter
 from tlt_jax.errors import ConfigError
-from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.config import SHAPES, ModelConfig
 from tlt_jax.models.sharding import FSDP, TP, logical_axes, mesh_devices, spec
 from tlt_jax.models.transformer import abstract_model, token_state
 from tlt_jax.rl.trainer import LoopConfig
@@ -61,6 +61,8 @@ class PlanTarget:
   def __post_init__(self):
     if min(self.processes, self.devices) < 1 or self.device_gb <= 0:
       raise ValueError(f"processes and devices must be >= 1 and device_gb > 0, got {self}.")
+    if self.shape and self.shape not in SHAPES:
+      raise ValueError(f"shape {self.shape!r} is not one of {sorted(SHAPES)}.")
 
 
 @dataclasses.dataclass(frozen=True)
