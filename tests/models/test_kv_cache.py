@@ -54,6 +54,34 @@ def test_keeping_a_tree_path_equals_writing_the_path(small_model):
   assert parents  # documented structure
 
 
+@pytest.mark.parametrize("impl", ["xla", "pallas", "invariant"])
+@pytest.mark.parametrize("rows", [3, 9])  # written row by row, and batched
+def test_a_tree_commit_moves_the_kept_slots_and_touches_no_other(small_model, impl, rows):
+  """Each row's kept path lands in the slots after its length and every other slot keeps its
+  value: also where the path is longer than the tree written (the last row, at the cache's
+  end) and where nothing is kept (the first row)."""
+  rng = np.random.default_rng(0)
+  cache = init_cache(small_model.cfg, rows, 64, impl=impl)
+  slots, slot_axis = cache.max_len, {"pallas": 2}.get(impl, 3)
+  lengths = rng.integers(0, slots - 6, rows)
+  lengths[-1] = slots - 3  # a tree of 3 written at the end, a path of 5
+  noise = lambda xs: tuple(jnp.asarray(rng.standard_normal(x.shape), x.dtype) for x in xs)
+  cache = cache.replace(k=noise(cache.k), v=noise(cache.v),
+                        lengths_B=jnp.asarray(lengths, jnp.int32))
+  path = rng.integers(0, 3, (rows, 5))
+  n_accept = rng.integers(1, 4, rows)
+  n_accept[0] = 0
+  kept = jax.jit(commit)(cache, jnp.asarray(n_accept), jnp.asarray(path, jnp.int32))
+  np.testing.assert_array_equal(kept.lengths_B, lengths + n_accept)
+  for before, after, axis in [*((k, kk, slot_axis) for k, kk in zip(cache.k, kept.k)),
+                              *((v, vv, 2) for v, vv in zip(cache.v, kept.v))]:
+    want = np.moveaxis(np.array(before), axis, 1)  # [B, S, ...]
+    for b in range(rows):
+      src = want[b, lengths[b] + path[b, :n_accept[b]]].copy()
+      want[b, lengths[b]:lengths[b] + n_accept[b]] = src
+    np.testing.assert_array_equal(np.moveaxis(np.asarray(after), axis, 1), want)
+
+
 def test_write_past_end_raises_eagerly(small_model):
   cache = init_cache(small_model.cfg, 1, 8)
   cache = commit(small_model(jnp.ones((1, 6), jnp.int32), cache).cache, jnp.array([6]))
