@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from tests.conftest import jit_forward
+from tlt_jax.kernels.attention import KEY_SLOT_AXIS
 from tlt_jax.models import CacheOverflowError, check_overflow, commit, init_cache
 
 
@@ -62,7 +63,7 @@ def test_a_tree_commit_moves_the_kept_slots_and_touches_no_other(small_model, im
   end) and where nothing is kept (the first row)."""
   rng = np.random.default_rng(0)
   cache = init_cache(small_model.cfg, rows, 64, impl=impl)
-  slots, slot_axis = cache.max_len, {"pallas": 2}.get(impl, 3)
+  slots, slot_axis = cache.max_len, KEY_SLOT_AXIS[impl]
   lengths = rng.integers(0, slots - 6, rows)
   lengths[-1] = slots - 3  # a tree of 3 written at the end, a path of 5
   noise = lambda xs: tuple(jnp.asarray(rng.standard_normal(x.shape), x.dtype) for x in xs)
