@@ -11,6 +11,7 @@ from flax import nnx
 from tests.conftest import jit_forward
 from tlt_jax.kernels.attention import KEY_SLOT_AXIS
 from tlt_jax.models import CacheOverflowError, check_overflow, commit, init_cache
+from tlt_jax.models.precision import Precision
 
 
 def _valid_equal(c1, c2):
@@ -105,22 +106,28 @@ def test_write_past_end_under_jit_is_flagged_and_raises_at_sync(small_model):
     check_overflow(cache)
 
 
-@pytest.mark.parametrize("batch,tokens", [(1, 1), (3, 4)])
-def test_a_cached_step_updates_the_donated_cache_in_place(small_model, batch, tokens):
-  """No layer's cache is copied by a decode or verify step: the compiled step holds no `copy`
-  of a cache buffer (the cache is a few times the weights' bytes at long contexts)."""
-  graphdef, state = nnx.split(small_model)
+@pytest.mark.parametrize("batch,tokens,dtype", [(1, 1, "float32"), (3, 4, "float32"),
+                                                (3, 1, "bfloat16"), (9, 4, "bfloat16")])
+def test_a_cached_step_updates_the_donated_cache_in_place(small_model, batch, tokens, dtype):
+  """No layer's cache is copied by a decode or verify step, whether its rows write one by one
+  (3) or in one batched update (9): the compiled step holds no `copy` of a cache buffer (the
+  cache is a few times the weights' bytes at long contexts; read before the write, a batched
+  write ran on copies), and a bfloat16 cache is not written through a float32 copy (jax 0.10's
+  XLA:CPU wrote one so)."""
+  model = Precision(param_dtype=dtype, compute_dtype=dtype).apply(small_model)
+  graphdef, state = nnx.split(model)
 
   def step(state, cache, toks):
     out = nnx.merge(graphdef, state)(toks, cache)
     return out.logits_BxTxV, commit(out.cache, jnp.ones((batch,), jnp.int32))
 
-  cache = init_cache(small_model.cfg, batch, 64)
+  cache = init_cache(model.cfg, batch, 64)
   hlo = jax.jit(step, donate_argnums=1).lower(
       state, cache, jnp.ones((batch, tokens), jnp.int32)).compile().as_text()
-  k_shape = "f32[" + ",".join(map(str, cache.k[0].shape)) + "]"
-  v_shape = "f32[" + ",".join(map(str, cache.v[0].shape)) + "]"
+  shapes = "|".join(re.escape(",".join(map(str, x.shape)) + "]") for x in (cache.k[0], cache.v[0]))
   copies = [line for line in hlo.splitlines()
-            if re.search(r"= (%s|%s)\{[0-9,]*\} copy\(" % (re.escape(k_shape), re.escape(v_shape)),
-                         line)]
+            if re.search(r"= [a-z0-9]+\[(%s)\{[0-9,]*\} copy\(" % shapes, line)]
   assert not copies, copies[:3]
+  wide = [line for line in hlo.splitlines()
+          if re.search(r"= f32\[(%s)\{[0-9,]*\} (dynamic-update-slice|scatter)\(" % shapes, line)]
+  assert dtype == "float32" or not wide, wide[:3]

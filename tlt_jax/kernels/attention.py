@@ -93,8 +93,9 @@ def attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, mask_BxTxT, context=()) -> jax.Ar
   over their context and over themselves as `mask_BxTxT` allows. The context is a decode call's
   cached prefix (`Prefix`, either implementation), or, in a full forward, key/value segments
   `(k [B, K, H, S], v [B, K, S, H], mask [B, T, S])` in the `xla` layout (none, or a drafter's
-  earlier depths in training). Keeping the cache a separate segment means a decode step reads
-  it before writing the new entries, so XLA updates it in place instead of copying it."""
+  earlier depths in training). A step of more than 8 rows passes the prefix with its new
+  entries already written (`Block`'s `write`, `kv_cache.row_by_row`), so that XLA updates the
+  cache in place; only the slots below each row's length are read."""
   if isinstance(context, Prefix):
     if context.impl == "pallas":
       return _pallas(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, mask_BxTxT, context)

@@ -4,6 +4,7 @@ KV cache."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -59,15 +60,22 @@ class Block(nnx.Module):
     self.post_attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, param_dtype=pd)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxT, context=()):
+  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxT, context=(), write=None):
     """The layer on T new tokens, which attend to each other as `mask_BxTxT` allows and to
     `context`: a decode call's cached prefix (`kernels.attention.Prefix`), or key/value
     segments of a full forward (`kernels.attention.attention`). Returns the output and the new
-    keys and values `[B, T, K, H]`."""
+    keys and values `[B, T, K, H]`; with `write` (a cached prefix's `kv_cache.write_kv`), the
+    cache's buffers with them written, which attention then reads the prefix from (its slots
+    below each row's length are the same: `kv_cache.row_by_row` says which order XLA writes in
+    place)."""
     normed = x_BxTxD if self.input_norm is None else self.input_norm(x_BxTxD)
     q, k, v = self.attn.qkv(normed, positions_BxT)
+    kv = (k, v)
+    if write is not None:
+      kv = write(k, v)
+      context = dataclasses.replace(context, k=kv[0], v_BxKxSxH=kv[1])
     x_BxTxD = x_BxTxD + self.attn.out(attention(q, k, v, mask_BxTxT, context))
-    return x_BxTxD + self.mlp(self.post_attn_norm(x_BxTxD)), (k, v)
+    return x_BxTxD + self.mlp(self.post_attn_norm(x_BxTxD)), kv
 
 
 class TokenIO(nnx.Module):
@@ -152,6 +160,8 @@ class Transformer(TokenIO):
     fixed_order = self.cfg.numerics == "invariant"
     forward = (nnx.remat(_block_forward, policy=REMAT_POLICIES[remat]) if remat != "none"
                else _block_forward if fixed_order and cache is None else None)
+    first = (cache is not None and forward is None and not fixed_order  # write, then read
+             and not kvc.row_by_row(cache))
     for i, (block, context) in enumerate(zip(self.layers, contexts)):
       if forward is not None:
         x, (k, v) = forward(block, x, positions_BxT, mask_BxTxT)
@@ -159,9 +169,10 @@ class Transformer(TokenIO):
         x, (k, v) = invariant.block(block, x, positions_BxT, mask_BxTxT, cache, i,
                                     tree=tree_mask_TxT is not None)
       else:
-        x, (k, v) = block(x, positions_BxT, mask_BxTxT, context)
+        x, (k, v) = block(x, positions_BxT, mask_BxTxT, context,
+                          functools.partial(kvc.write_kv, cache, i) if first else None)
       if cache is not None:
-        if not fixed_order:
+        if not (fixed_order or first):
           k, v = kvc.write_kv(cache, i, k, v)
         new_k.append(k)
         new_v.append(v)
