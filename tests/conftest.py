@@ -42,8 +42,9 @@ def _xla_accepts(flags: str) -> bool:
   return probe.returncode == 0
 
 
-# On a GPU the tests run under XLA's default flags, as users do.
-if (os.environ["JAX_PLATFORMS"] == "cpu"
+# On a GPU the tests run under XLA's default flags, as users do; so does a test marked
+# `xla_default` (`pytest_pyfunc_call` below), and everything when TLT_TESTS_XLA_DEFAULT=1.
+if (os.environ["JAX_PLATFORMS"] == "cpu" and not os.environ.get("TLT_TESTS_XLA_DEFAULT")
     and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):
   FAST_COMPILE = CHEAP_LEVEL
   if _xla_accepts(ELEMENTAL_EMITTERS):
@@ -65,6 +66,23 @@ def pytest_collection_modifyitems(items):
   nothing left. The fast suite's (`--dist loadfile`) take whole files, most tests first, which
   keeps its multi-device files apart (heavy files first ran them side by side, and slower)."""
   items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
+def pytest_pyfunc_call(pyfuncitem):
+  """A test marked `xla_default` runs in a child pytest under XLA's default flags, as a user's
+  run does: SmolLM2's bitwise claims in invariant numerics are checked under the emitters users
+  get (in about the same time: docs/BENCHMARKS.md, "Compile time")."""
+  if (pyfuncitem.get_closest_marker("xla_default") is None
+      or FAST_COMPILE not in os.environ.get("XLA_FLAGS", "")):
+    return None
+  env = dict(os.environ, TLT_TESTS_XLA_DEFAULT="1",
+             XLA_FLAGS=os.environ["XLA_FLAGS"].replace(FAST_COMPILE, "").strip())
+  child = subprocess.run([sys.executable, "-m", "pytest", "-q", pyfuncitem.nodeid], cwd=_ROOT,
+                         env=env, capture_output=True, text=True)
+  if child.returncode != 0:
+    pytest.fail(f"under XLA's default flags:\n{child.stdout[-6000:]}{child.stderr[-2000:]}",
+                pytrace=False)
+  return True
 
 
 def small_config(**kw) -> ModelConfig:

@@ -213,6 +213,7 @@ def test_bf16_speculative_decoding_in_invariant_numerics_equals_plain_decoding(t
 
 
 @pytest.mark.slow  # SmolLM2 in bf16: plain, chain and tree programs at two temperatures (~2 min)
+@pytest.mark.xla_default  # the claim under the flags users run
 def test_smollm2_bf16_invariant_sd_with_the_shipped_drafter_gives_plain_tokens():
   """The real model and its shipped drafter: in bf16 and invariant numerics, chain and tree SD
   under `coupled` give plain decoding's tokens on every row of 4 held-out word problems, at

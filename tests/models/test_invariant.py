@@ -284,6 +284,7 @@ def _smollm2_steps(model, tokens, rows):
 
 
 @pytest.mark.slow  # SmolLM2's programs at four row counts, two dtypes
+@pytest.mark.xla_default  # the claim under the flags users run
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_smollm2_computes_a_row_alike_in_steps_of_1_8_16_and_32_rows(dtype, monkeypatch):
   """SmolLM2 in invariant numerics: a row's logits and hidden states after a prefill, in a
