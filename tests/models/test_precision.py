@@ -92,7 +92,8 @@ def test_captured_hidden_states_keep_the_compute_dtype():
   buf = DataBuffer(BufferConfig(min_length=1), b.cfg.d_model, b.cfg.dtype)
   buf.add_rollout([[3, 4, 5], [6, 7]], 2, res, version=0, step=0)
   seg = buf.segments()[0]
-  assert buf.ring_CxD.dtype == buf.hidden(seg).dtype == jnp.bfloat16
+  assert buf.ring_CxD.nbytes == buf.cfg.max_tokens * b.cfg.d_model * 2  # bf16 values, as bits
+  assert buf.hidden(seg).dtype == jnp.bfloat16
   np.testing.assert_array_equal(buf.hidden(seg)[0], prompt_hidden[0])
   np.testing.assert_array_equal(buf.hidden(seg)[1:], hidden[0, :res.lengths[0]])
   assert buf.pack(buf.segments(), 8, 0)[1].dtype == jnp.bfloat16

@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tlt_jax.models.bits import from_storage, storage_dtype, to_storage
+
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
@@ -60,30 +62,34 @@ class BufferConfig:
                        f"got {self}.")
 
 
-@functools.partial(jax.jit, donate_argnums=0)
-def _write(ring_CxD, hidden_BxNxD, prompt_hidden_BxD, slot_K, pos_K, dst_K):
-  """Writes `hidden[slot, pos]` (`prompt_hidden[slot]` where pos is -1) into ring row `dst`;
-  a `dst` past the ring writes nothing."""
+@functools.partial(jax.jit, donate_argnums=0, static_argnums=6)
+def write_rows(ring_CxD, hidden_BxNxD, prompt_hidden_BxD, slot_K, pos_K, dst_K, dtype):
+  """The program of every write into a buffer's ring (donated; kept as
+  `bits.storage_dtype(dtype)`): `hidden[slot, pos]` (`prompt_hidden[slot]` where pos is -1), as
+  `dtype` values, into ring row `dst`; a `dst` past the ring writes nothing."""
   src_KxD = jnp.where((pos_K < 0)[:, None], prompt_hidden_BxD[slot_K],
                       hidden_BxNxD[slot_K, jnp.maximum(pos_K, 0)])
-  return ring_CxD.at[dst_K].set(src_KxD.astype(ring_CxD.dtype), mode="drop")
+  return ring_CxD.at[dst_K].set(to_storage(src_KxD.astype(dtype)), mode="drop")
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def _gather(ring_CxD, idx_BxL, dtype):
-  """Ring rows `idx` in `dtype`; zeros where `idx` is past the ring."""
-  return ring_CxD.at[idx_BxL].get(mode="fill", fill_value=0).astype(dtype)
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _gather(ring_CxD, idx_BxL, stored, dtype):
+  """Ring rows `idx` (`stored` values) in `dtype`; zeros where `idx` is past the ring."""
+  rows = ring_CxD.at[idx_BxL].get(mode="fill", fill_value=0)
+  return from_storage(rows, stored).astype(dtype)
 
 
 class DataBuffer:
   """Segments from recent rollouts, at most `max_tokens` tokens in all; their hidden states
-  (`d_model` wide, in `dtype`) on `device` (default: the first local device)."""
+  (`d_model` wide, in `dtype`) on `device` (default: the first local device). A 2-byte float
+  ring is kept as its bits, so that each write runs in place (`models/bits.py`)."""
 
   def __init__(self, cfg: BufferConfig, d_model: int, dtype="float32", device=None,
                seed: int = 0):
     self.cfg, self.dtype = cfg, jnp.dtype(dtype)
     self.device = device or jax.local_devices()[0]
-    self.ring_CxD = jnp.zeros((cfg.max_tokens, d_model), self.dtype, device=self.device)
+    self.ring_CxD = jnp.zeros((cfg.max_tokens, d_model), storage_dtype(self.dtype),
+                              device=self.device)
     self._segments: collections.deque[Segment] = collections.deque()
     self._written = 0  # tokens written since the buffer was made
     self.tokens = 0
@@ -126,9 +132,10 @@ class DataBuffer:
     if seg is not None:
       hidden_LxD = np.asarray(hidden_LxD)
       n = seg.length
-      self.ring_CxD = _write(self.ring_CxD, jax.device_put(hidden_LxD[None, 1:], self.device),
-                             jax.device_put(hidden_LxD[:1], self.device), np.zeros(n, np.int32),
-                             np.arange(-1, n - 1, dtype=np.int32), self._rows(seg))
+      put = lambda x: jax.device_put(x, self.device)
+      self.ring_CxD = write_rows(self.ring_CxD, put(hidden_LxD[None, 1:]), put(hidden_LxD[:1]),
+                                 np.zeros(n, np.int32), np.arange(-1, n - 1, dtype=np.int32),
+                                 self._rows(seg), self.dtype)
     return seg
 
   def add_rollout(self, prompts, group_size: int, result, version: int, step: int
@@ -162,8 +169,8 @@ class DataBuffer:
       dst_K[k: k + seg.length] = self._rows(seg)
       k += seg.length
     put = lambda x: jax.device_put(x, self.device)
-    self.ring_CxD = _write(self.ring_CxD, put(piece.hidden_BxNxD),
-                           put(piece.prompt_hidden_BxD), slot_K, pos_K, dst_K)
+    self.ring_CxD = write_rows(self.ring_CxD, put(piece.hidden_BxNxD),
+                               put(piece.prompt_hidden_BxD), slot_K, pos_K, dst_K, self.dtype)
 
   def warm_up(self, batch_sizes, n: int, dtype) -> None:
     """Builds the writes of `add_rollout` for pieces of these batch sizes, `n` tokens and the
@@ -171,10 +178,10 @@ class DataBuffer:
     d = self.ring_CxD.shape[1]
     for b in batch_sizes:
       k = b * (n + 1)
-      self.ring_CxD = _write(
+      self.ring_CxD = write_rows(
           self.ring_CxD, jnp.zeros((b, n, d), dtype, device=self.device),
           jnp.zeros((b, d), dtype, device=self.device), np.zeros(k, np.int32),
-          np.zeros(k, np.int32), np.full(k, self.cfg.max_tokens, np.int32))
+          np.zeros(k, np.int32), np.full(k, self.cfg.max_tokens, np.int32), self.dtype)
 
   def _read(self, rows_N: np.ndarray) -> np.ndarray:
     """Ring rows `[N, D]` on the host, in the buffer's dtype. The gather reads a power of two of
@@ -183,7 +190,7 @@ class DataBuffer:
     n = len(rows_N)
     padded = np.full(1 << max(n - 1, 0).bit_length(), self.cfg.max_tokens, np.int32)
     padded[:n] = rows_N
-    return np.asarray(_gather(self.ring_CxD, padded[None], self.dtype))[0, :n]
+    return np.asarray(_gather(self.ring_CxD, padded[None], self.dtype, self.dtype))[0, :n]
 
   def hidden(self, seg: Segment) -> np.ndarray:
     """A segment's hidden states `[L, D]` on the host (for inspection)."""
@@ -231,7 +238,8 @@ class DataBuffer:
     ends = np.cumsum(state["lengths"])
     for end, n, version, step in zip(ends, state["lengths"], state["versions"], state["steps"]):
       self._place(np.asarray(state["tokens"][end - n: end]), int(version), int(step))
-    self.ring_CxD = self.ring_CxD.at[:len(hidden)].set(jax.device_put(hidden, self.device))
+    self.ring_CxD = self.ring_CxD.at[:len(hidden)].set(
+        to_storage(jax.device_put(hidden, self.device)))
     self.evicted = int(state["evicted"])
 
   def pack(self, segs: list[Segment], seq_len: int, pad_id: int, rows: int | None = None,
@@ -251,6 +259,6 @@ class DataBuffer:
       toks[i, :n] = s.tokens_L[start: start + n]
       idx[i, :n] = self._rows(s, start, n)
       mask[i, :n] = 1.0
-    hidden = _gather(self.ring_CxD, jax.device_put(idx, self.device),
+    hidden = _gather(self.ring_CxD, jax.device_put(idx, self.device), self.dtype,
                      jnp.dtype(dtype or self.dtype))
     return toks, hidden, mask

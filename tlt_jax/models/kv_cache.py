@@ -2,8 +2,8 @@
 
 Slot `j` of row `b` holds the key/value of the token at slot `j`; slots `< lengths_B[b]` are the
 committed sequence. A layer attends to the committed slots and to its new tokens as two segments
-(`kernels.attention`), and its new entries are written after, so the cache is read before it is
-updated in place. Values are stored `[B, K, S, H]`; keys in the layout of the attention
+(`kernels.attention`); its new entries are written in place, before the read or after it
+(`row_by_row`). Values are stored `[B, K, S, H]`; keys in the layout of the attention
 implementation the cache is for (`impl`): `[B, K, H, S]` (slots last) for `xla`, whose decode
 products then run over contiguous memory on CPU, and `[B, K, S, H]` for the `pallas` kernel,
 whose caches also round their slots up to whole kernel tiles; a model in invariant numerics gets
@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tlt_jax.kernels.attention import KEY_SLOT_AXIS, Prefix, cache_slots, key_shape, to_cache_layout
+from tlt_jax.models.bits import update_as_bits
 from tlt_jax.models.config import ModelConfig
 
 
@@ -102,24 +103,22 @@ def check_write(cache: KVCache, n_new: int) -> jax.Array:
 
 def _write(x, new, start_B, axis: int, per_row: bool):
   """Writes `new` into `x` at each row's own offset along `axis` (the slot axis): with
-  `per_row`, one slice update per row, else one batched update (`row_by_row`). A bfloat16
-  cache is written as its bits (uint16): jax 0.10's XLA:CPU updates a bfloat16 buffer through a
-  float32 copy of all of it, a uint16 one in place."""
-  if x.dtype == jnp.bfloat16:
-    bits = _write(jax.lax.bitcast_convert_type(x, jnp.uint16),
-                  jax.lax.bitcast_convert_type(new.astype(x.dtype), jnp.uint16),
-                  start_B, axis, per_row)
-    return jax.lax.bitcast_convert_type(bits, x.dtype)
+  `per_row`, one slice update per row, else one batched update (`row_by_row`); a half-precision
+  cache as its bits (`bits.py`)."""
   def at(s):
     idx = [0] * (x.ndim - 1)
     idx[axis - 1] = s
     return idx
-  if per_row:
-    for b in range(x.shape[0]):
-      x = jax.lax.dynamic_update_slice(x, new[b:b + 1].astype(x.dtype), (b, *at(start_B[b])))
-    return x
-  return jax.vmap(lambda row, new_row, s: jax.lax.dynamic_update_slice(
-      row, new_row.astype(row.dtype), tuple(at(s))))(x, new, start_B)
+
+  def update(x, new):
+    if per_row:
+      for b in range(x.shape[0]):
+        x = jax.lax.dynamic_update_slice(x, new[b:b + 1], (b, *at(start_B[b])))
+      return x
+    write_row = lambda row, new_row, s: jax.lax.dynamic_update_slice(row, new_row, tuple(at(s)))
+    return jax.vmap(write_row)(x, new, start_B)
+
+  return update_as_bits(update, x, new)
 
 
 def write_kv(cache: KVCache, layer: int, k_new_BxTxKxH: jax.Array, v_new_BxTxKxH: jax.Array

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from tlt_jax.models import kv_cache as kvc
+from tlt_jax.models.bits import update_as_bits
 from tlt_jax.models.sampling import SamplingParams, processed_logprobs, sample_from_logprobs
 from tlt_jax.rollout.replay import ReplayState
 from tlt_jax.spec.proposer import DraftModel, Proposer, get_proposer
@@ -133,7 +134,8 @@ def emit(st: DecodeState, toks_BxM, logps_BxM, hidden_BxMxD, m_B, stop_ids, n: i
   logprobs = st.logprobs_BxN.at[rows, pos_BxM].set(logps_BxM, mode="drop")
   hidden = st.captured.hidden_BxNxD
   if hidden.shape[1]:
-    hidden = hidden.at[rows, pos_BxM].set(hidden_BxMxD.astype(hidden.dtype), mode="drop")
+    hidden = update_as_bits(lambda h, v: h.at[rows, pos_BxM].set(v, mode="drop"), hidden,
+                            hidden_BxMxD)
   proposers = {name: get_proposer(name).after_emit(part, toks_BxM, keep_B)
                for name, part in st.proposers.items()}
   t_B = st.t_B + keep_B
