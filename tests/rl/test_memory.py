@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiments.configs import hf_math, tiny_baseline
+from experiments.configs import hf_math, tiny_baseline, tiny_tlt
+from tlt_jax.drafter.buffer import DataBuffer
 from tlt_jax.errors import ConfigError
 from tlt_jax.models import init_model
 from tlt_jax.models.config import PRESETS, get_shape
@@ -24,6 +25,7 @@ from tlt_jax.rl.memory import GB, PlanTarget, kv_bytes_per_row
 from tlt_jax.rl.trainer import LoopConfig
 from tlt_jax.rl.update import OptimConfig, PolicyBatch, PolicyUpdater
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.workloads import build_workload
 
 
 def _plan(variant, **train):
@@ -178,3 +180,20 @@ def test_the_update_plan_is_within_1_5x_of_what_xla_allocates(shape, rows, token
   planned = parts["update activations"] + parts["micro-batch gradient"]
   print(f"{shape}: measured {measured / 1e6:.1f} MB, planned {planned / 1e6:.1f} MB")
   assert planned / 1.5 < measured < planned * 1.5, (measured / 1e6, planned / 1e6)
+
+
+def test_an_adaptive_drafter_s_data_is_planned_as_a_rollout_holds_it():
+  """`tiny_tlt`'s plan has the adaptive drafter's buffer (its ring, exactly) and bounds the hidden
+  states a rollout of a step's 16 prompts x 8 captures and holds on the device until the buffer
+  takes them: each batch a wave compacts out of is harvested whole (`rollout/captured.py`)."""
+  rc = run_config(tiny_tlt.get_config())
+  w = build_workload(rc.workload, rc.loop.prompts_per_step, rc.seed)
+  plan = run.plan_for(rc, PRESETS["tiny"], PlanTarget(), w.params.max_new_tokens)
+  planned = dict((n, b) for n, b, _ in plan.rows)["drafter data"]
+  ring = DataBuffer(rc.adaptive.buffer, w.model.cfg.d_model, w.model.cfg.dtype).ring_CxD.nbytes
+  res = RolloutEngine(w.model, rc.engine, pad_id=w.tokenizer.pad_id).generate(
+      w.prompts, rc.loop.group_size, w.params, jax.random.key(0), capture_hidden=True)
+  held = sum(p.hidden_BxNxD.nbytes + p.prompt_hidden_BxD.nbytes for p in res.hidden.pieces)
+  own = res.hidden.rows * (res.hidden.n + 1) * w.model.cfg.d_model * 4  # each row's once
+  assert held > own  # compaction's copies hold more than the rows' own states
+  assert ring + held <= planned <= ring + 2 * own

@@ -18,6 +18,10 @@ temporaries are estimates whose formulas are written beside each row of the plan
 - a micro-batch's gradient, before it is added to the accumulated one.
 - decode temporaries: the logits, the processed distribution and the noise of a full batch
   (`3 x max_batch x V` float32), and one layer's scores over the cache.
+- an adaptive drafter's data: its buffer's ring of hidden states (`buffer.max_tokens x D`) and
+  a rollout's captured ones until the buffer takes them, `N + 1` per row (the response and the
+  last prompt token) of each batch a shard harvests, which is each wave's batch at every bucket
+  it compacts through (`rollout/captured.py`); both in the compute dtype.
 - with several processes whose rollout shards are not the update's devices, the policy is
   gathered whole on each process's first device before it is placed (`rollout/weights.py`): its
   full parameter bytes are counted there. Otherwise it is resharded and never whole.
@@ -130,8 +134,9 @@ def _activations(cfg: ModelConfig, rows: float, tokens: int, tp: int, remat: str
 
 def plan_memory(cfg: ModelConfig, loop: LoopConfig, engine: EngineConfig, *, param_dtype: str,
                 compute_dtype: str, prompt_len: int, max_new_tokens: int, target: PlanTarget,
-                drafter: DrafterConfig | None = None) -> MemoryPlan:
-  """The busiest device's memory for a run of model `cfg` with these settings on `target`."""
+                drafter: DrafterConfig | None = None, buffer_tokens: int = 0) -> MemoryPlan:
+  """The busiest device's memory for a run of model `cfg` with these settings on `target`; an
+  adaptive drafter holds a buffer of `buffer_tokens` hidden states (0: none)."""
   abstract = abstract_params(cfg.replace(param_dtype=param_dtype))
   data, fsdp, tp = planned_mesh(loop.mesh_shape, target)
   update = {FSDP: fsdp, TP: tp}
@@ -173,6 +178,16 @@ def plan_memory(cfg: ModelConfig, loop: LoopConfig, engine: EngineConfig, *, par
                  "its own weights with AdamW and a gradient (float32), its one-layer cache"
                  + (f", and the target's embedding and head whole ({compute_dtype}; tp="
                     f"{engine.tp} splits them)" if engine.tp > 1 else "")))
+  if buffer_tokens:
+    hidden = cfg.d_model * width
+    rows_per_shard = -(-loop.prompts_per_step * loop.group_size
+                       // (target.processes * engine.num_shards))
+    waves = -(-rows_per_shard // engine.max_batch)
+    harvested = waves * sum(b for b in engine.batch_buckets if b <= engine.max_batch)
+    rows.append(("drafter data", (buffer_tokens + harvested * (max_new_tokens + 1)) * hidden,
+                 f"the adaptive drafter's buffer of {buffer_tokens} hidden states and a "
+                 f"rollout's captured ones, {compute_dtype}: {waves} wave(s) of a shard, each "
+                 f"harvested at every batch bucket it compacts through"))
   if target.processes > 1 and (data * fsdp * tp != target.processes * target.devices
                                or engine.num_shards * engine.tp != target.devices):
     rows.append(("gathered policy", sharded_bytes(abstract, {}),

@@ -112,7 +112,8 @@ def plan_for(rc: RunConfig, cfg: ModelConfig, target: PlanTarget, max_new_tokens
   return plan_memory(cfg, rc.loop, rc.engine, param_dtype=precision.param_dtype,
                      compute_dtype=precision.compute_dtype,
                      prompt_len=longest_prompt(rc, cfg, new), max_new_tokens=new, target=target,
-                     drafter=rc.drafter.model if rc.drafter is not None else None)
+                     drafter=rc.drafter.model if rc.drafter is not None else None,
+                     buffer_tokens=rc.adaptive.buffer.max_tokens if rc.adaptive else 0)
 
 
 def longest_prompt(rc: RunConfig, cfg: ModelConfig, max_new_tokens: int) -> int:
