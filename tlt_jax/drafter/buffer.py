@@ -96,6 +96,10 @@ class DataBuffer:
     self.evicted = 0
     self._rng = np.random.default_rng(seed)
 
+  def _put(self, x) -> jax.Array:
+    """`x` on the buffer's device."""
+    return jax.device_put(x, self.device)
+
   def __len__(self) -> int:
     return len(self._segments)
 
@@ -132,8 +136,8 @@ class DataBuffer:
     if seg is not None:
       hidden_LxD = np.asarray(hidden_LxD)
       n = seg.length
-      put = lambda x: jax.device_put(x, self.device)
-      self.ring_CxD = write_rows(self.ring_CxD, put(hidden_LxD[None, 1:]), put(hidden_LxD[:1]),
+      self.ring_CxD = write_rows(self.ring_CxD, self._put(hidden_LxD[None, 1:]),
+                                 self._put(hidden_LxD[:1]),
                                  np.zeros(n, np.int32), np.arange(-1, n - 1, dtype=np.int32),
                                  self._rows(seg), self.dtype)
     return seg
@@ -168,9 +172,9 @@ class DataBuffer:
       pos_K[k: k + seg.length] = np.arange(-1, seg.length - 1)
       dst_K[k: k + seg.length] = self._rows(seg)
       k += seg.length
-    put = lambda x: jax.device_put(x, self.device)
-    self.ring_CxD = write_rows(self.ring_CxD, put(piece.hidden_BxNxD),
-                               put(piece.prompt_hidden_BxD), slot_K, pos_K, dst_K, self.dtype)
+    self.ring_CxD = write_rows(self.ring_CxD, self._put(piece.hidden_BxNxD),
+                               self._put(piece.prompt_hidden_BxD), slot_K, pos_K, dst_K,
+                               self.dtype)
 
   def warm_up(self, batch_sizes, n: int, dtype) -> None:
     """Builds the writes of `add_rollout` for pieces of these batch sizes, `n` tokens and the
@@ -239,7 +243,7 @@ class DataBuffer:
     for end, n, version, step in zip(ends, state["lengths"], state["versions"], state["steps"]):
       self._place(np.asarray(state["tokens"][end - n: end]), int(version), int(step))
     self.ring_CxD = self.ring_CxD.at[:len(hidden)].set(
-        to_storage(jax.device_put(hidden, self.device)))
+        to_storage(self._put(hidden)))
     self.evicted = int(state["evicted"])
 
   def pack(self, segs: list[Segment], seq_len: int, pad_id: int, rows: int | None = None,
@@ -259,6 +263,6 @@ class DataBuffer:
       toks[i, :n] = s.tokens_L[start: start + n]
       idx[i, :n] = self._rows(s, start, n)
       mask[i, :n] = 1.0
-    hidden = _gather(self.ring_CxD, jax.device_put(idx, self.device), self.dtype,
+    hidden = _gather(self.ring_CxD, self._put(idx), self.dtype,
                      jnp.dtype(dtype or self.dtype))
     return toks, hidden, mask
