@@ -14,7 +14,7 @@ from tlt_jax.models.sharding import make_mesh
 from tlt_jax.rl.grpo import GRPOConfig, group_advantages, grpo_loss, token_logprobs
 from tlt_jax.errors import ConfigError
 from tlt_jax.rl.update import (OptimConfig, PolicyBatch, PolicyUpdater, length_groups,
-                               token_groups)
+                               token_groups, update_widths)
 from tlt_jax.rollout import compiles
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 
@@ -167,6 +167,27 @@ def test_length_groups_sort_rows_and_trim_each_group_to_a_power_of_two():
   assert [w for _, w in groups] == [8, 8, 32, 64]
   assert sorted(np.concatenate([idx for idx, _ in groups]).tolist()) == list(range(8))
   assert length_groups(np.full(8, 48), 2, 48)[0][1] == 48  # capped at the rows' width
+
+
+@pytest.mark.parametrize("shortest", [0, 1, 9, 40, 70, 200])
+def test_the_widths_built_are_those_rows_at_least_the_shortest_prompt_long_can_take(shortest):
+  """The warm-up builds a program per width (`update_widths`): for rows no shorter than the
+  shortest prompt, every width `length_groups` and `token_groups` give is among them, and none
+  is narrower than that prompt's own (a chat template's prompts need no 8- to 32-column
+  programs)."""
+  width = 200
+  widths = update_widths(width, shortest=shortest)
+  assert widths[-1] == width and widths == sorted(set(widths))
+  rng = np.random.default_rng(shortest)
+  seen = set()
+  for _ in range(200):
+    used = rng.integers(shortest, width + 1, 16)
+    seen |= {w for _, w in length_groups(used, 4, width)}
+    seen |= {w for _, w, _ in token_groups(used, 400, width, 1, 16)}
+  assert seen <= set(widths)
+  # The narrowest is the width of a group of the shortest rows.
+  assert widths[0] == length_groups(np.full(4, shortest), 1, width)[0][1]
+  assert len(update_widths(width, shortest=70)) == len(update_widths(width)) - 4  # 8 to 64 gone
 
 
 def test_short_prompts_are_trimmed_with_their_rows():

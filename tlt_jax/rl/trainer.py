@@ -248,7 +248,8 @@ class Trainer:
     rows, loop = self.prompts_per_step * self.group_size, self.loop
     off_policy = loop.mini_batches * loop.update_epochs > 1
     self.updater.warm_up(rows // loop.mini_batches, self.prompt_bucket,
-                         self.w.params.max_new_tokens, off_policy=off_policy)
+                         self.w.params.max_new_tokens, off_policy=off_policy,
+                         shortest_prompt=min(map(len, self.pool_prompts)))  # what updates see
     self.updater.learner.advantages(jnp.asarray(np.zeros(rows, np.float32)),
                                     self.group_size)  # as a step converts its rewards
     self.sync_policy()  # the weight sync's programs (its resharding, its casts)

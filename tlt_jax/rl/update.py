@@ -242,15 +242,17 @@ class PolicyUpdater:
       self.ref_params = state["ref_params"]
     self.step_count = step_count
 
-  def warm_up(self, rows: int, prompt_width: int, n: int, off_policy: bool = False) -> int:
-    """Builds every program an `update` can run on batches of `rows` rows with prompts padded to
-    `prompt_width` and `n` response tokens: on-policy (`old_logp_RxN=None`) or, with
-    `off_policy`, with behaviour log-probs given; each micro-batch width (`update_widths`), the
+  def warm_up(self, rows: int, prompt_width: int, n: int, off_policy: bool = False,
+              shortest_prompt: int = 0) -> int:
+    """Builds every program an `update` can run on batches of `rows` rows with prompts of at
+    least `shortest_prompt` tokens padded to `prompt_width` and `n` response tokens: on-policy
+    (`old_logp_RxN=None`) or, with `off_policy`, with behaviour log-probs given; each micro-batch
+    width (`update_widths`: with a chat template's prompts, none of the narrow ones), the
     reference's log-probs when the KL term is on, the optimizer step and the eager ops around
     them. The narrowest width runs on zeros (its eager ops are every width's), the others are
     only compiled (running each would cost as much as an update's micro-batch: most of a small
     run's warm-up); nothing is applied. Returns the number of widths."""
-    widths = update_widths(prompt_width + n)
+    widths = update_widths(prompt_width + n, shortest=shortest_prompt)
     self._check_rows(rows, prompt_width + n)
     self.batch_rows = rows
     grads = jax.tree.map(jnp.zeros_like, self.params)
@@ -366,9 +368,11 @@ def rollout_update(updater: PolicyUpdater, batch: PolicyBatch, logprobs_RxN: np.
   return dict(metrics, optimizer_steps=len(steps)), mismatch
 
 
-def update_widths(width: int, min_width: int = 8) -> list[int]:
-  """Every sequence width `length_groups` can give for rows of `width` columns."""
-  widths, w = [], min_width
+def update_widths(width: int, min_width: int = 8, shortest: int = 0) -> list[int]:
+  """Every sequence width `length_groups` and `token_groups` can give for rows of `width`
+  columns of which each uses at least `shortest` (its prompt's length): none narrower than the
+  shortest row's own group width."""
+  widths, w = [], group_width(shortest, min_width, width)
   while w < width:
     widths.append(w)
     w *= 2
