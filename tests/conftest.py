@@ -9,6 +9,12 @@ import sys
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Nothing downloads in the tests: Hugging Face libraries read local folders only, at once.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One OpenMP thread a process (PyTorch's, and OpenBLAS's, which read it; XLA:CPU does not use
+# OpenMP): the suite's two workers fill both cores, and PyTorch's two OpenMP threads, spinning
+# while they wait, took the other worker's core. Two `bench_served` commands (the served drafter's
+# PyTorch loop) side by side took 142-170 s each, against 52 s with one thread; alone 46 s
+# either way (docs/BENCHMARKS.md, "Compile time and the test suite").
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # One persistent compilation cache for the whole suite, shared with the launchers the tests start
 # (they inherit the environment) and between `make test` and `make test-slow`: many tests and

@@ -60,7 +60,6 @@ def _logits_within_tolerance_and_greedy_32_tokens_identical(hf, model, tok):
   """Each prompt's logits against transformers' and its 32 greedy tokens against transformers'
   `generate`. Ours run the four prompts as one right-padded batch (one program for the forward,
   one for decoding; a causal row's positions before its padding see none of it)."""
-  torch.set_num_threads(2)
   prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]))
              for p in PROMPTS]
   width = max(len(ids) for ids in prompts)
