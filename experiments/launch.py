@@ -73,7 +73,11 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
     raise SystemExit(f"--config={spec}: no config file {spec.partition(':')[0]!r}; the recipes "
                      "are in experiments/configs/.")
   if "config" in flag_values and any(a.startswith("--config.") for a in own):
-    config, path = _load_config(own, flag_values)
+    try:
+      config, path = _load_config(own, flag_values)
+    except Exception as e:  # absl's own words for a config file that fails to load
+      raise SystemExit(f"flag --config={spec}: Error whilst parsing config file: "
+                       f"{type(e).__name__}: {e}") from None
     for arg in [a for a in own if a.startswith("--config.")]:
       if has_path(config, override_path(arg)):
         continue

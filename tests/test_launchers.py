@@ -93,6 +93,7 @@ def test_a_bad_command_line_is_one_line_naming_the_key_and_the_nearest_known_one
   for config, override, expect in (
       ("sft_tiny.py:small", "--config.train.lr=abc", "--config.train.lr=abc: could not convert"),
       ("sft_tiny.py:smal", None, "Unknown variant 'smal'"),
+      ("sft_tiny.py:smal", "--config.train.lr=1", "Unknown variant 'smal'"),
       ("sft_tny.py:small", None, "no config file 'experiments/configs/sft_tny.py'")):
     own = flags.FlagValues()
     config_flags.DEFINE_config_file("config", "experiments/configs/sft_tiny.py", flag_values=own)
