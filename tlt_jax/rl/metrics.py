@@ -52,7 +52,7 @@ class WandbLogger:
   otherwise or an API key is set."""
 
   def __init__(self, out_dir: str, name: str):
-    wandb = importlib.import_module("wandb")
+    self._wandb = wandb = importlib.import_module("wandb")
     mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY")
                                             else "offline")
     record = as_path(out_dir) / RUN_RECORD
@@ -67,8 +67,10 @@ class WandbLogger:
     self.run.log(scalars, step=step)
 
   def close(self) -> None:
-    """Finishes the run (its files are complete)."""
+    """Finishes the run, then waits for W&B's service process to write its files out: once
+    `finish` returned, a loaded machine has read the run's record file still empty."""
     self.run.finish()
+    self._wandb.teardown()
 
 
 class RunWriter:
