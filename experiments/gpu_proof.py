@@ -55,25 +55,7 @@ def main(argv):
   start = time.perf_counter()
   ctx = proof.Context(c, None, None, results={}, deadline=start + c.budget_s if c.budget_s
                       else float("inf"))
-  for name in _PHASES.value:
-    path = os.path.join(c.out_dir, f"{name}.json")
-    if os.path.exists(path):
-      with open(path) as f:
-        ctx.results[name] = json.load(f)
-      if not ctx.results[name].get("skipped"):
-        print(f"[gpu_proof] {name}: done before ({path})", flush=True)
-        continue
-    if ctx.left() <= 0:
-      print(f"[gpu_proof] {name}: no time left in the budget; run the command again", flush=True)
-      continue
-    if ctx.workload is None:
-      proof.load(ctx)
-    t0, before = time.perf_counter(), ctx.results.get(name, {}).get("phase_s", 0.0)
-    result = proof.FUNCTIONS[name](ctx)
-    ctx.save(name, dict(result, phase_s=round(before + time.perf_counter() - t0, 1)))
-    left = f"; {len(result['skipped'])} cells left for the next call" if result.get(
-        "skipped") else ""
-    print(f"[gpu_proof] {name}: {ctx.results[name]['phase_s']} s -> {path}{left}", flush=True)
+  failed = proof.run_phases(ctx, _PHASES.value)
   commit, dirty = git_commit()
   header = (f"Device: {device.device_kind} ({device.platform}), jax {jax.__version__}, commit "
             f"{commit}{' (dirty)' if dirty else ''}, {time.strftime('%Y-%m-%d')}; `python -m "
@@ -84,8 +66,10 @@ def main(argv):
     f.write(table)
   print(table)
   print(json.dumps({"device": device.device_kind, "out_dir": c.out_dir,
-                    "phases": [p for p in _PHASES.value if p in ctx.results],
+                    "phases": [p for p in _PHASES.value if p in ctx.results], "failed": failed,
                     "seconds": round(time.perf_counter() - start, 1)}))
+  if failed:  # after the tables: what finished is written
+    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def test_a_part_cut_short_in_transit_is_one_line(tmp_path):
 @pytest.mark.slow  # the proof's launcher end to end: four GRPO runs, rollouts, costs (~2.5 min)
 def test_the_dry_run_writes_every_phase_and_a_second_call_goes_on_where_it_stopped(tmp_path):
   out = last_json(run_module("experiments.gpu_proof", "--dry_run", f"--out_dir={tmp_path}"))
-  assert out["phases"] == list(proof.PHASES)
+  assert out["phases"] == list(proof.PHASES) and out["failed"] == []
   read = lambda name: json.loads((tmp_path / f"{name}.json").read_text())
   costs = read("costs")
   assert costs["target_ms"]["B1_T1"] > 0 and costs["draft_ms"]
@@ -101,6 +101,45 @@ def test_the_dry_run_writes_every_phase_and_a_second_call_goes_on_where_it_stopp
   resumed = read("rollouts")
   assert resumed["skipped"] == [] and [(c["temperature"], c["arm"]) for c in resumed["cells"]] == [
       (c["temperature"], c["arm"]) for c in saved["cells"]]
+
+
+def test_a_phase_that_fails_is_saved_with_its_error_and_the_next_phase_still_runs(tmp_path,
+                                                                                  monkeypatch):
+  """In a window one phase's fault (a kernel Triton does not lower, an allocation too large) must
+  not cost the phases after it, nor what it saved before the fault, nor the next call's time:
+  the failure is saved with its error, not run again, and shown in the tables."""
+  def broken(ctx):
+    ctx.save("command_buffers", {"settings": [{"name": "default", "steps": [
+        {"rows": 1, "step_ms": 1.5}]}], "skipped": ["none"]})  # one setting before the fault
+    raise RuntimeError("the process aborted\nits second line")
+
+  runs = []
+  monkeypatch.setitem(proof.FUNCTIONS, "command_buffers", broken)
+  monkeypatch.setitem(proof.FUNCTIONS, "costs_grid", lambda ctx: runs.append(1) or {})
+  c = proof_config.get_config("dry_run")
+  c.out_dir = str(tmp_path)
+  context = lambda: proof.Context(c, workload="loaded", drafter=None, results={})
+  phases = ["command_buffers", "costs_grid"]
+  ctx = context()
+  assert proof.run_phases(ctx, phases) == ["command_buffers"] and runs == [1]
+  saved = json.loads((tmp_path / "command_buffers.json").read_text())
+  assert saved["error"] == "RuntimeError: the process aborted" and "in broken" in saved["traceback"]
+  assert saved["settings"][0]["name"] == "default"  # what it saved before the fault is kept
+  table = proof.markdown(ctx.results, "header")
+  assert "`default` 1.5 ms at 1 rows" in table
+  assert "Phase `command_buffers` failed: RuntimeError: the process aborted" in table
+  again = context()
+  assert proof.run_phases(again, phases) == ["command_buffers"] and runs == [1]
+  assert again.results["command_buffers"]["error"] == saved["error"]
+  # A fault that leaves the device unusable ends the call; the next (a fresh process) goes on.
+  assert proof.device_usable()
+  for name in phases:
+    (tmp_path / f"{name}.json").unlink()
+  monkeypatch.setattr(proof, "device_usable", lambda: False)
+  assert proof.run_phases(context(), phases) == ["command_buffers"] and runs == [1]
+  assert not (tmp_path / "costs_grid.json").exists()
+  monkeypatch.setattr(proof, "device_usable", lambda: True)
+  assert proof.run_phases(context(), phases) == ["command_buffers"] and runs == [1, 1]
 
 
 def test_the_proof_reads_smollm2_from_the_bundle_s_gguf_on_a_box_without_the_package():

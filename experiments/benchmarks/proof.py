@@ -23,7 +23,9 @@ context returning the phase's JSON:
 GRPO comes first: it is the claim (TLT against its baseline), and on an H200 each phase is
 mostly compiling (docs/BENCHMARKS.md, "On a GPU"). A phase checks the clock between its cells
 (`Context.left`): where the next cell would not finish in the budget it stops and says which
-cells it skipped, so a call that runs short still returns what finished.
+cells it skipped, so a call that runs short still returns what finished. A phase that fails is
+saved with its error and the phases after it still run (`run_phases`): in a window, one phase's
+fault must not cost the others.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 
 import jax
 import numpy as np
@@ -152,9 +155,13 @@ def costs(ctx: Context) -> dict:
 
 
 def _table(ctx: Context) -> CostTable:
+  """The costs `rollouts` prices its cells with: this call's, or an earlier call's; none (the
+  cells unpriced) where `costs` failed or did not run."""
   if "_table" in ctx.results:
     return ctx.results["_table"]
-  saved = ctx.results["costs"]
+  saved = ctx.results.get("costs", {})
+  if "target_ms" not in saved:
+    return CostTable({}, {})
   parse = lambda d: {tuple(int(x[1:]) for x in k.split("_")): v / 1e3 for k, v in d.items()}
   return CostTable(parse(saved["target_ms"]), parse(saved["draft_ms"]))
 
@@ -421,8 +428,69 @@ FUNCTIONS = {"costs": costs, "rollouts": rollouts, "grpo": grpo, "invariant": in
              "large": large}
 
 
+def run_phases(ctx: Context, names) -> list[str]:
+  """Runs the phases `names` in order, each saved to `<out_dir>/<phase>.json` as it finishes, and
+  returns those that failed. A phase whose JSON is there already is read, not run, unless it
+  lists `skipped` cells (it goes on from them); none starts once the budget is spent. A phase
+  that raises is saved with its error and the tail of its traceback (beside the cells it saved
+  before), and the next one runs: its JSON stays, so the next call does not spend its time failing again (delete the file to retry).
+  Where the fault left the device unusable (CUDA refuses every later program of a process after
+  an illegal memory access), the call stops there and the next call, a fresh process, goes on.
+  A phase that kills the process is run again by the next call: name the others with
+  `--phases` to go on without it."""
+  failed = []
+  for name in names:
+    path = os.path.join(ctx.c.out_dir, f"{name}.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        ctx.results[name] = json.load(f)
+      if "error" in ctx.results[name]:
+        print(f"[gpu_proof] {name}: failed before ({ctx.results[name]['error']}); delete {path} "
+              "to run it again", flush=True)
+        failed.append(name)
+        continue
+      if not ctx.results[name].get("skipped"):
+        print(f"[gpu_proof] {name}: done before ({path})", flush=True)
+        continue
+    if ctx.left() <= 0:
+      print(f"[gpu_proof] {name}: no time left in the budget; run the command again", flush=True)
+      continue
+    if ctx.workload is None:
+      load(ctx)
+    t0, before = time.perf_counter(), ctx.results.get(name, {}).get("phase_s", 0.0)
+    try:
+      result = FUNCTIONS[name](ctx)
+    except Exception as e:  # recorded, and the next phase runs
+      first = (str(e).strip().splitlines() or [""])[0]
+      result = {**ctx.results.get(name, {}),  # the cells it saved before the fault stay
+                "error": f"{type(e).__name__}: {first}"[:300],
+                "traceback": traceback.format_exc()[-4000:]}
+      failed.append(name)
+    ctx.save(name, dict(result, phase_s=round(before + time.perf_counter() - t0, 1)))
+    note = (f"; failed: {result['error']}" if "error" in result else
+            f"; {len(result['skipped'])} cells left for the next call" if result.get("skipped")
+            else "")
+    print(f"[gpu_proof] {name}: {ctx.results[name]['phase_s']} s -> {path}{note}", flush=True)
+    if "error" in result and not device_usable():
+      print(f"[gpu_proof] the device runs no program after {name} failed; run the command again "
+            "(a fresh process) for the phases after it", flush=True)
+      break
+  return failed
+
+
+def device_usable() -> bool:
+  """Whether the device still runs a program."""
+  try:
+    return float(jax.jit(lambda x: x + 1.0)(np.float32(1.0))) == 2.0
+  except Exception:  # any fault of the device says the same
+    return False
+
+
 def markdown(results: dict, header: str) -> str:
-  """The proof's figures as Markdown tables for docs/BENCHMARKS.md."""
+  """The proof's figures as Markdown tables for docs/BENCHMARKS.md; a failed phase as its error
+  (and the cells it saved before, if any)."""
+  failed = {name: results[name]["error"] for name in PHASES if "error" in results.get(name, {})}
+  results = {name: r for name, r in results.items() if name not in failed or "skipped" in r}
   lines = [header, ""]
   b = results.get("rollouts")
   if b:
@@ -465,4 +533,6 @@ def markdown(results: dict, header: str) -> str:
     lines += ["", f"Large shape `{d['shape']}`: update step {d['update_step_s']} s, peak "
               f"{d['peak_gb']} GB against {d['planned_update_gb']} GB planned for the update "
               f"({d['peak_over_plan']}x)."]
+  if failed:
+    lines += ["", *(f"Phase `{name}` failed: {error}" for name, error in failed.items())]
   return "\n".join(lines) + "\n"
