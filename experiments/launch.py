@@ -21,7 +21,7 @@ from absl import app, flags
 from absl.logging import converter
 
 from tlt_jax.distributed import DistributedError
-from tlt_jax.errors import ConfigError
+from tlt_jax.errors import ConfigError, first_line
 from tlt_jax.rl import schema
 from tlt_jax.rollout.pool import use_compilation_cache
 from tlt_jax.sft import default_cache_dir
@@ -77,7 +77,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
       config, path = _load_config(own, flag_values)
     except Exception as e:  # absl's own words for a config file that fails to load
       raise SystemExit(f"flag --config={spec}: Error whilst parsing config file: "
-                       f"{type(e).__name__}: {e}") from None
+                       f"{first_line(e)}") from None
     for arg in [a for a in own if a.startswith("--config.")]:
       if has_path(config, override_path(arg)):
         continue

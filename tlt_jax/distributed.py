@@ -30,7 +30,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tlt_jax import jax_private
-from tlt_jax.errors import ConfigError
+from tlt_jax.errors import ConfigError, first_line
 from tlt_jax.typed import typed
 
 _ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
@@ -102,7 +102,7 @@ def initialize(cfg: DistributedConfig = DistributedConfig()) -> int:
   try:
     jax.distributed.initialize(**kwargs)
   except Exception as e:  # jax raises several types for an unreachable coordinator
-    raise fail(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+    raise fail(first_line(e, 200)) from None
   return jax.process_count()
 
 

@@ -9,3 +9,8 @@ class ConfigError(ValueError):
 
 class TrainingError(RuntimeError):
   """The run stopped on a fault (e.g. a non-finite loss); the last good checkpoint is intact."""
+
+
+def first_line(e: BaseException, limit: int = 300) -> str:
+  """`e` in one line: its type and the first line of its message, at most `limit` characters."""
+  return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"[:limit]

@@ -50,6 +50,7 @@ from experiments.configs import bench_replay as replay_config
 from experiments.configs import gpu_proof as proof_config
 from tlt_jax.kernels.attention import resolve_impl
 from tlt_jax.drafter.costs import measure_cost_table, needed_cells
+from tlt_jax.errors import first_line
 from tlt_jax.models.config import ModelConfig, get_shape
 from tlt_jax.models.precision import Precision
 from tlt_jax.models.sampling import SamplingParams
@@ -461,9 +462,8 @@ def run_phases(ctx: Context, names) -> list[str]:
     try:
       result = FUNCTIONS[name](ctx)
     except Exception as e:  # recorded, and the next phase runs
-      first = (str(e).strip().splitlines() or [""])[0]
       result = {**ctx.results.get(name, {}),  # the cells it saved before the fault stay
-                "error": f"{type(e).__name__}: {first}"[:300],
+                "error": first_line(e),
                 "traceback": traceback.format_exc()[-4000:]}
       failed.append(name)
     ctx.save(name, dict(result, phase_s=round(before + time.perf_counter() - t0, 1)))
